@@ -1,0 +1,86 @@
+"""The script from Lightning's `use_compile` feature request, run through `lightning_compile_patch`.
+
+DDP with `static_graph=True`, `optimize_ddp="python_reducer"` and compiled autograd. Stock Lightning compiles the
+model before DDP wraps it, so DDP's `_pre_forward`/`_post_forward` run outside the compiled code; on older torch the C++
+reducer then stayed enabled and the run failed with "Final callbacks can only be installed during backward pass".
+With `lightning_compile_patch`, the Trainer compiles DDP itself, after the wrap.
+
+    python examples/seed_ddp_compiled_autograd.py --model compiled   # as in the report: fit(torch.compile(model))
+    python examples/seed_ddp_compiled_autograd.py --model plain      # Trainer(use_compile=True) with a plain model
+"""
+
+import argparse
+
+import pytorch_lightning as pl
+import torch
+import torch.nn as nn
+from pytorch_lightning.strategies import DDPStrategy
+from torch._dynamo import compiled_autograd
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning_compile_patch  # noqa: F401  (patches pytorch_lightning's Trainer too)
+
+torch._dynamo.config.optimize_ddp = "python_reducer"
+
+
+class SomeModel(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(10, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.mean((self(x) - y) ** 2)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.02)
+
+
+def create_dataset(num_samples=1000):
+    x = torch.randn(num_samples, 10)
+    y = torch.sum(x, dim=1, keepdim=True)
+    return TensorDataset(x, y)
+
+
+def run_training(model_kind: str, backend: str) -> dict:
+    torch.manual_seed(0)
+    dataset = create_dataset()
+    train_loader = DataLoader(dataset, batch_size=32)
+    model = SomeModel()
+    compile_kwargs = {} if backend == "inductor" else {"backend": backend}
+    if model_kind == "compiled":
+        # as in the report: compile the whole model before the Trainer sees it (use_compile=None re-applies it)
+        model = torch.compile(model, **compile_kwargs)
+        use_compile = None
+    else:
+        use_compile = compile_kwargs or True
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        strategy=DDPStrategy(static_graph=True),  # static_graph makes _DDPSink.backward queue a callback
+        use_compile=use_compile,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    with compiled_autograd._enable(torch.compile(**compile_kwargs)):
+        trainer.fit(model, train_loader)
+    x, y = dataset.tensors
+    module = model._orig_mod if model_kind == "compiled" else model
+    with torch.no_grad():
+        loss = torch.mean((module(x) - y) ** 2).item()
+    return {"loss": loss, "steps": trainer.global_step, "summary": trainer._compile_connector.last_summary}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["compiled", "plain"], default="compiled")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, as in the report)")
+    args = parser.parse_args()
+    result = run_training(args.model, args.backend)
+    print(f"seed run finished: model={args.model} steps={result['steps']} mse_after_training={result['loss']:.4f}")
+    print(f"compiled after the wrap: {result['summary']}")

@@ -1,0 +1,251 @@
+"""Compiles what the strategy runs, after the strategy has wrapped the model, and undoes it when the run ends.
+
+The Trainer calls :class:`_CompileConnector` at three points of a run::
+
+    Trainer(use_compile=...)  ->  __init__         validate the value (errors surface here)
+    trainer.fit(model) ...    ->  on_run_start     decide what this run compiles; unwrap a compiled input
+      strategy.setup()                             DDP / FSDP wrap, precision, device
+                              ->  compile          compile the module the strategy calls, in place
+      the stage's loop
+                              ->  teardown         every module back to uncompiled
+
+Compiling in place (``nn.Module.compile`` style) keeps the strategy's model of the same type, so Lightning's
+``isinstance(model, DistributedDataParallel)`` checks hold, and keeps the ``state_dict`` keys of an eager run.
+
+"""
+
+from typing import Any, Callable, Optional
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    SingleDeviceStrategy,
+    Strategy,
+)
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.compile import to_uncompiled
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import nn
+from torch._dynamo import OptimizedModule
+
+from lightning_compile_patch.config import (
+    _USE_COMPILE_INPUT,
+    _CompileConfig,
+    _config_from_compile_kwargs,
+    _parse_use_compile,
+)
+from lightning_compile_patch.log_boundary import _LogBoundary
+from lightning_compile_patch.report import _CompileReport, _CompileSummary
+
+#: The LightningModule methods each stage calls through the strategy.
+_STEP_METHODS = {
+    TrainerFn.FITTING: ("training_step", "validation_step"),
+    TrainerFn.VALIDATING: ("validation_step",),
+    TrainerFn.TESTING: ("test_step",),
+    TrainerFn.PREDICTING: ("predict_step",),
+}
+_STEP_METHODS_ALL = ("training_step", "validation_step", "test_step", "predict_step")
+_SUPPORTED_STRATEGIES = (SingleDeviceStrategy, DDPStrategy, FSDPStrategy, ModelParallelStrategy)
+_MISSING = object()
+
+
+class _CompileConnector:
+    """Owns ``Trainer(use_compile=...)``.
+
+    Args:
+        trainer: The Trainer this connector belongs to.
+        use_compile: ``None`` re-applies ``torch.compile`` to a compiled model after the strategy wraps it; ``False``
+            keeps Lightning's behaviour unchanged; ``True`` or a dict of ``torch.compile`` arguments compiles every
+            model after the strategy wraps it.
+
+    """
+
+    def __init__(self, trainer: "pl.Trainer", use_compile: _USE_COMPILE_INPUT) -> None:
+        self.trainer = trainer
+        self.config = _parse_use_compile(use_compile)
+        self._reapply_compiled_models = use_compile is None
+        #: The ``torch.compile`` arguments of the compiled model last passed in, to re-apply after the wrap.
+        self._compiled_input: Optional[_CompileConfig] = None
+        self._run_config: Optional[_CompileConfig] = None
+        self._undo: list[Callable[[], None]] = []
+        self._report: Optional[_CompileReport] = None
+        #: What the compiler did in the last run that compiled anything.
+        self.last_summary: Optional[_CompileSummary] = None
+
+    def verify_strategy(self) -> None:
+        """Rejects a strategy that ``use_compile`` cannot compile, while the Trainer is being constructed."""
+        if self.config is not None:
+            _verify_strategy_supports_use_compile(self.trainer.strategy)
+
+    def unwrap(self, model: Any) -> Any:
+        """Takes a model passed to ``fit``/``validate``/``test``/``predict`` out of its ``torch.compile`` wrapper.
+
+        Lightning would otherwise compile the model's methods right away, before the strategy wraps it. When this run
+        compiles after the wrap instead, the wrapper's arguments are kept (``use_compile=None``) or replaced by
+        ``use_compile``'s, and the plain LightningModule goes on. With ``use_compile=False``, nothing changes.
+
+        """
+        if model is None:
+            return model  # the stage reuses the Trainer's model, and with it the compiled input's arguments
+        self._compiled_input = None
+        if not isinstance(model, OptimizedModule) or (self.config is None and not self._reapply_compiled_models):
+            return model
+        if self.config is not None:
+            rank_zero_warn(
+                "The model passed to the Trainer was already compiled with `torch.compile`, and"
+                " `Trainer(use_compile=...)` is set too: `use_compile` wins. The model is unwrapped and compiled"
+                " once, after the strategy has wrapped it, with the `use_compile` arguments."
+            )
+            return model._orig_mod
+        compile_kwargs = getattr(model, "_compile_kwargs", None)
+        if compile_kwargs is None:
+            rank_zero_warn(
+                "The model was compiled before `lightning` was imported, so the arguments of its `torch.compile` call"
+                " are unknown and it cannot be compiled again after the strategy wraps it. It runs as Lightning"
+                " compiles it by default. Import `lightning` before calling `torch.compile`, or pass a plain model"
+                " and `Trainer(use_compile=...)`."
+            )
+            return model
+        self._compiled_input = _config_from_compile_kwargs(compile_kwargs)
+        return model._orig_mod
+
+    def on_run_start(self, model: "pl.LightningModule") -> bool:
+        """Decides what this run compiles, before anything about the model changes.
+
+        Returns:
+            Whether the run compiles anything.
+
+        """
+        config = self.config or self._compiled_input
+        if config is None:
+            return False
+        _verify_strategy_supports_use_compile(self.trainer.strategy)
+        if model._compiler_ctx is not None:
+            # compiled with ``from_compiled`` by hand: undo it, so that the model is compiled once, after the wrap
+            _undo_stock_compile(model)
+        self._run_config = config
+        return True
+
+    def compile(self) -> None:
+        """Compiles, in place, what the strategy calls in the current stage. The strategy has wrapped the model."""
+        config = self._run_config
+        if config is None:
+            return
+        trainer = self.trainer
+        strategy = trainer.strategy
+        module = trainer.lightning_module
+        report = self._report = _CompileReport(trainer.state.fn.value, type(strategy).__name__, _backend_name(config))
+        report.start()
+        boundary = _LogBoundary(module)
+        self._undo.append(boundary.install())
+        self._undo.append(_apply_optimize_ddp(config, strategy))
+
+        def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+            return boundary.around(report.timed(torch.compile(fn, **config.compile_kwargs)), original=fn)
+
+        if strategy.model is not module:
+            # DDP, FSDP: the strategy calls every step through the wrapper's forward, so one compiled call
+            # covers the step, the loss and the wrapper's own pre- and post-forward
+            self._undo.append(_replace_module_call(strategy.model, compiled))
+            return
+        # no wrapper (single device, or every stage but fit): the strategy calls the step methods directly
+        for name in _STEP_METHODS[trainer.state.fn]:
+            self._undo.append(_replace_method(module, name, compiled))
+
+    def teardown(self) -> None:
+        """Returns every module this run compiled to uncompiled, in the reverse order of compilation."""
+        while self._undo:
+            self._undo.pop()()
+        if self._report is not None:
+            self.last_summary = self._report.finish()
+            self._report = None
+        self._run_config = None
+
+
+def _undo_stock_compile(model: "pl.LightningModule") -> None:
+    """Undoes what ``from_compiled`` did to ``model``, leaving no instance attribute behind."""
+    to_uncompiled(model)
+    for name in ("forward", *_STEP_METHODS_ALL):
+        method = model.__dict__.get(name)
+        if getattr(method, "__self__", None) is model and method.__func__ is getattr(type(model), name, None):
+            del model.__dict__[name]  # a bound method of the class: the same as no instance attribute
+
+
+def _verify_strategy_supports_use_compile(strategy: Strategy) -> None:
+    """Raises if ``strategy`` is one that ``use_compile`` does not know how to compile."""
+    if (
+        isinstance(strategy, _SUPPORTED_STRATEGIES)
+        and not isinstance(strategy, DeepSpeedStrategy)
+        and not (type(strategy).__name__.endswith("XLAStrategy"))
+    ):
+        return
+    names = ", ".join(s.__name__ for s in _SUPPORTED_STRATEGIES)
+    raise ValueError(
+        f"`Trainer(use_compile=...)` does not support the strategy `{type(strategy).__name__}`; it supports {names}"
+        " and their subclasses. Use one of those, or set `use_compile=False` and compile the model yourself."
+    )
+
+
+def _apply_optimize_ddp(config: _CompileConfig, strategy: Strategy) -> Callable[[], None]:
+    """Sets ``torch._dynamo.config.optimize_ddp`` for this run when DDP is compiled, and returns the undo."""
+    import torch._dynamo.config as dynamo_config
+
+    previous = dynamo_config.optimize_ddp
+    if not isinstance(strategy, DDPStrategy):
+        return lambda: None
+    dynamo_config.optimize_ddp = _resolve_optimize_ddp(config.optimize_ddp, strategy.world_size, previous)
+
+    def undo() -> None:
+        dynamo_config.optimize_ddp = previous
+
+    return undo
+
+
+def _resolve_optimize_ddp(choice: Any, world_size: int, current: Any) -> Any:
+    """The ``optimize_ddp`` value to compile DDP with.
+
+    ``"auto"`` splits DDP's graph into buckets only with more than one process: the split is what lets gradient
+    all-reduce overlap the backward pass, and with one process there is nothing to overlap, so it is pure cost. A value
+    the user set in ``torch._dynamo.config`` themselves (anything but the default ``True``) is kept.
+
+    """
+    if choice != "auto":
+        return choice
+    if current is not True:
+        return current
+    return world_size > 1
+
+
+def _backend_name(config: _CompileConfig) -> str:
+    """A readable name for the backend, which may be a callable."""
+    backend = config.backend
+    return backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+
+
+def _replace_module_call(module: nn.Module, compiled: Callable[[Callable], Callable]) -> Callable[[], None]:
+    """Compiles the call of ``module`` in place, as ``nn.Module.compile`` does, and returns the undo."""
+    previous = module._compiled_call_impl
+    module._compiled_call_impl = compiled(module._call_impl)
+
+    def undo() -> None:
+        module._compiled_call_impl = previous
+
+    return undo
+
+
+def _replace_method(module: nn.Module, name: str, compiled: Callable[[Callable], Callable]) -> Callable[[], None]:
+    """Compiles one method of ``module`` on the instance, and returns the undo."""
+    shadowed = module.__dict__.get(name, _MISSING)
+    setattr(module, name, compiled(getattr(module, name)))
+
+    def undo() -> None:
+        if shadowed is _MISSING:
+            module.__dict__.pop(name, None)
+        else:
+            setattr(module, name, shadowed)
+
+    return undo

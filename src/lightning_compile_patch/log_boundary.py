@@ -1,0 +1,86 @@
+"""Keeps ``self.log`` out of compiled graphs without breaking them.
+
+Logging is bookkeeping: it walks the result collection, inspects hook signatures and may sync across processes.
+Dynamo cannot trace it on recent PyTorch, and stopping the trace at each call splits the step into several graphs.
+Instead, while a step is being traced, ``self.log`` and ``self.log_dict`` only record their arguments; the compiled
+step replays the records eagerly, in order, as soon as it returns. Outside a compiled step both log immediately.
+
+"""
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+_LOG_METHODS = ("log", "log_dict")
+
+
+class _LogBoundary:
+    """Defers the logging calls of one module while its steps are being traced, and replays them afterwards."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self._module = module
+        self._pending: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self._eager: dict[str, Callable[..., Any]] = {}
+
+    def install(self) -> Callable[[], None]:
+        """Replaces ``log`` and ``log_dict`` on the module instance, and returns the function that undoes it."""
+        module = self._module
+        shadowed = {name: module.__dict__[name] for name in _LOG_METHODS if name in module.__dict__}
+        for name in _LOG_METHODS:
+            self._eager[name] = getattr(module, name)
+            setattr(module, name, self._deferring(name))
+
+        def uninstall() -> None:
+            self._pending.clear()
+            for name in _LOG_METHODS:
+                if name in shadowed:
+                    setattr(module, name, shadowed[name])
+                else:
+                    module.__dict__.pop(name, None)
+
+        return uninstall
+
+    def _deferring(self, name: str) -> Callable[..., None]:
+        """The replacement for one logging method."""
+        pending = self._pending
+
+        def deferring(*args: Any, **kwargs: Any) -> None:
+            if torch.compiler.is_compiling():
+                # a plain list append is a side effect Dynamo replays after the graph; no graph break
+                pending.append((name, args, kwargs))
+                return
+            self.flush()
+            self._eager[name](*args, **kwargs)
+
+        return deferring
+
+    def flush(self) -> None:
+        """Replays the deferred calls, in the order they were made."""
+        if not self._pending:
+            return
+        calls = list(self._pending)
+        self._pending.clear()
+        for name, args, kwargs in calls:
+            self._eager[name](*args, **kwargs)
+
+    def around(self, compiled: Callable[..., Any], *, original: Callable[..., Any]) -> Callable[..., Any]:
+        """Wraps a compiled callable so that the calls deferred while it ran are replayed when it returns.
+
+        ``original`` is what the compiled callable replaces: it stays reachable as ``__wrapped__``, so signature checks
+        and ``is_overridden`` see the user's method, as they would without compilation.
+
+        """
+
+        @functools.wraps(original, updated=())
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                out = compiled(*args, **kwargs)
+            except BaseException:
+                self._pending.clear()
+                raise
+            self.flush()
+            return out
+
+        return run

@@ -1,0 +1,200 @@
+"""The monkeypatch, and nothing else: ``Trainer.__init__`` takes ``use_compile``, ``Trainer._run`` compiles after setup.
+
+For each installed flavour (``lightning.pytorch``, ``pytorch_lightning``) it replaces these ``Trainer`` methods, at
+the points where the upstream patch changes them:
+
+* ``__init__`` gains the ``use_compile`` keyword, in its signature and docstring too, so LightningCLI and the
+  ``PL_TRAINER_USE_COMPILE`` environment variable see it. The value is validated before anything else happens.
+* ``fit``, ``validate``, ``test`` and ``predict`` hand a ``torch.compile``-d model to the connector first, which takes
+  the LightningModule out of it, so that Lightning does not compile it before the strategy wraps it.
+* ``_run`` asks the connector what the run compiles; if anything, the connector compiles just before the stage's
+  loop starts (after ``strategy.setup``) and undoes it in ``_teardown``.
+
+"""
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import os
+from typing import Any, Callable, Optional
+
+from packaging.version import Version
+
+from lightning_compile_patch import trainer_api
+from lightning_compile_patch.flavours import FLAVOUR_RENAMES, connector_module
+
+#: The Lightning releases this patch was tested against; anything else is refused at import.
+SUPPORTED_LIGHTNING = (Version("2.6.0"), Version("2.7.0"))
+#: Set to ``1`` to patch an untested Lightning release anyway (with a warning), if it has every hook the patch needs.
+ALLOW_UNTESTED_ENV = "LIGHTNING_COMPILE_PATCH_ALLOW_UNTESTED"
+_MARK = "__lightning_compile_patch__"
+
+
+#: The ``Trainer`` methods that take the model from the user.
+_ENTRY_POINTS = ("fit", "validate", "test", "predict")
+
+
+def installed_flavours() -> list[str]:
+    """The Lightning flavours that can be imported here."""
+    return [name for name in FLAVOUR_RENAMES if importlib.util.find_spec(name.partition(".")[0]) is not None]
+
+
+def apply() -> list[str]:
+    """Patches every installed flavour that is not patched yet, and returns the flavours patched now.
+
+    Raises:
+        ImportError: If no Lightning is installed, or an installed one is a release this patch does not support.
+
+    """
+    flavours = installed_flavours()
+    if not flavours:
+        raise ImportError(
+            "`lightning_compile_patch` patches Lightning's Trainer, but neither `lightning` nor `pytorch_lightning`"
+            " is installed. Install one of them: `pip install 'lightning>=2.6,<2.7'`."
+        )
+    return [flavour for flavour in flavours if _patch_flavour(flavour)]
+
+
+def remove() -> None:
+    """Undoes :func:`apply`: the Trainer no longer takes ``use_compile``, and Lightning behaves as it did before.
+
+    Trainers created while patched keep working; they compile nothing once the patch is removed.
+
+    """
+    for flavour in installed_flavours():
+        trainer_cls = _trainer_cls(flavour)
+        for name, original in _originals(trainer_cls).items():
+            setattr(trainer_cls, name, original)
+
+
+def is_applied(flavour: Optional[str] = None) -> bool:
+    """Whether ``flavour`` (by default, any installed flavour) is patched."""
+    flavours = [flavour] if flavour else installed_flavours()
+    return any(_originals(_trainer_cls(name)) for name in flavours)
+
+
+def _trainer_cls(flavour: str) -> type:
+    return importlib.import_module(f"{flavour}.trainer.trainer").Trainer
+
+
+def _originals(trainer_cls: type) -> dict[str, Callable[..., Any]]:
+    """The methods the patch replaced on ``trainer_cls``, kept on the patched ``__init__``; empty if unpatched."""
+    return getattr(trainer_cls.__init__, _MARK, {})
+
+
+def _patch_flavour(flavour: str) -> bool:
+    """Patches the Trainer of one flavour. Returns ``False`` if that Trainer takes ``use_compile`` natively."""
+    package = importlib.import_module(flavour)
+    trainer_cls = _trainer_cls(flavour)
+    if _originals(trainer_cls):
+        return False
+    if trainer_api.has_use_compile(trainer_cls.__init__):
+        # a Lightning with the upstream patch applied: it does natively what this package would do
+        return False
+    _check_version(flavour, Version(package.__version__))
+    _check_hooks(flavour, trainer_cls)
+    env_defaults = importlib.import_module(f"{flavour}.utilities.argparse")._defaults_from_env_vars
+    connector_cls = connector_module(flavour)._CompileConnector
+
+    originals = {name: getattr(trainer_cls, name) for name in ("__init__", "_run", *_ENTRY_POINTS)}
+    patched_init = _patched_init(originals["__init__"].__wrapped__, connector_cls)
+    setattr(patched_init, _MARK, originals)  # `functools.wraps` in `env_defaults` carries it to the outer wrapper
+    trainer_cls.__init__ = env_defaults(patched_init)
+    trainer_cls._run = _patched_run(originals["_run"])
+    for name in _ENTRY_POINTS:
+        setattr(trainer_cls, name, _patched_entry_point(originals[name]))
+    return True
+
+
+def _check_version(flavour: str, version: Version) -> None:
+    """Refuses a Lightning release outside :data:`SUPPORTED_LIGHTNING`, unless the user allows untested ones."""
+    low, high = SUPPORTED_LIGHTNING
+    if low <= version < high:
+        return
+    message = (
+        f"`lightning_compile_patch` supports {flavour} >={low},<{high}, but {flavour} {version} is installed."
+        f" Install a supported release (`pip install '{flavour.partition('.')[0]}>={low},<{high}'`), or set"
+        f" {ALLOW_UNTESTED_ENV}=1 to patch this release anyway, untested."
+    )
+    if os.environ.get(ALLOW_UNTESTED_ENV) != "1":
+        raise ImportError(message)
+    import warnings
+
+    warnings.warn(message, stacklevel=3)
+
+
+def _check_hooks(flavour: str, trainer_cls: type) -> None:
+    """Raises if a method the patch relies on is missing from this Lightning's ``Trainer``."""
+    needed = {
+        "Trainer.__init__.__wrapped__": hasattr(trainer_cls.__init__, "__wrapped__"),
+        **{
+            f"Trainer.{name}": hasattr(trainer_cls, name)
+            for name in ("_run", "_run_stage", "_teardown", *_ENTRY_POINTS)
+        },
+    }
+    missing = [name for name, found in needed.items() if not found]
+    if missing:
+        raise ImportError(
+            f"`lightning_compile_patch` cannot patch this {flavour}: it lacks {', '.join(missing)}."
+            f" Install a supported release: `pip install '{flavour.partition('.')[0]}>=2.6,<2.7'`."
+        )
+
+
+def _patched_init(init: Callable[..., None], connector_cls: type) -> Callable[..., None]:
+    """``Trainer.__init__`` with the ``use_compile`` keyword, checked before the Trainer is built."""
+
+    def __init__(
+        self: Any, *args: Any, use_compile: trainer_api.ANNOTATION = trainer_api.DEFAULT, **kwargs: Any
+    ) -> None:
+        connector = connector_cls(self, use_compile)
+        init(self, *args, **kwargs)
+        self._compile_connector = connector
+        connector.verify_strategy()
+
+    __init__.__signature__ = trainer_api.signature_with_use_compile(inspect.signature(init))  # type: ignore[attr-defined]
+    __init__.__doc__ = trainer_api.docstring_with_use_compile(init.__doc__ or "")
+    __init__.__qualname__ = init.__qualname__
+    __init__.__module__ = init.__module__
+    return __init__
+
+
+def _patched_run(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``Trainer._run`` that compiles after the strategy's setup, at the same points as the upstream patch."""
+
+    @functools.wraps(run)
+    def _run(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+        connector = getattr(self, "_compile_connector", None)  # a Trainer created before the patch has none
+        if connector is None or not connector.on_run_start(model):
+            return run(self, model, *args, **kwargs)
+        run_stage, teardown = self._run_stage, self._teardown
+
+        def compile_then_run_stage() -> Any:
+            connector.compile()
+            return run_stage()
+
+        def teardown_compile_first() -> None:
+            connector.teardown()
+            teardown()
+
+        self._run_stage, self._teardown = compile_then_run_stage, teardown_compile_first
+        try:
+            return run(self, model, *args, **kwargs)
+        finally:
+            del self._run_stage, self._teardown
+            connector.teardown()
+
+    return _run
+
+
+def _patched_entry_point(entry_point: Callable[..., Any]) -> Callable[..., Any]:
+    """``fit``/``validate``/``test``/``predict`` that let the connector unwrap a compiled model first."""
+
+    @functools.wraps(entry_point)
+    def wrapper(self: Any, model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        connector = getattr(self, "_compile_connector", None)
+        if connector is not None:
+            model = connector.unwrap(model)
+        return entry_point(self, model, *args, **kwargs)
+
+    return wrapper

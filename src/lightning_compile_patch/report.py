@@ -1,0 +1,145 @@
+"""What the compiler did during one run, told through Lightning's logging.
+
+* While compiling: one rank-zero line when the first compiled step of a kind (training, evaluation) starts, and one
+  when it has finished, with the seconds. Without them a cold compile looks like a run that hangs at step 0.
+* A warning as soon as any frame hits Dynamo's recompile limit, after which Dynamo runs it uncompiled.
+* At the end: one summary line with graphs, recompiles, graph breaks and compile seconds.
+
+"""
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch._dynamo.utils import counters, get_compilation_metrics
+
+#: Graph breaks torch makes on purpose: DDP runs its inner module call outside the outer graph.
+_INTENTIONAL_BREAKS = ("_inside_ddp_forward",)
+_RECOMPILE_LIMIT_LOGGER = "torch._dynamo.convert_frame"
+
+
+@dataclass
+class _CompileSummary:
+    """The counts for one run."""
+
+    stage: str
+    graphs: int = 0
+    recompiles: int = 0
+    graph_breaks: int = 0
+    intentional_breaks: int = 0
+    compile_seconds: float = 0.0
+    recompile_limit_hits: list[str] = field(default_factory=list)
+
+    def line(self, backend: str, strategy: str) -> str:
+        """The one summary line."""
+        breaks = _count(self.graph_breaks, "graph break")
+        if self.intentional_breaks:
+            breaks += f" ({self.intentional_breaks} at DDP's intended boundary)"
+        hits = f", {_count(len(self.recompile_limit_hits), 'recompile-limit hit')}" if self.recompile_limit_hits else ""
+        return (
+            f"`use_compile` ({self.stage}, {strategy}, {backend}): {_count(self.graphs, 'graph')},"
+            f" {_count(self.recompiles, 'recompile')}, {breaks}{hits}, {self.compile_seconds:.1f} s compiling."
+        )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+class _RecompileLimitWatch(logging.Filter):
+    """Turns Dynamo's recompile-limit log record into a Lightning warning that says what to do."""
+
+    def __init__(self, hits: list[str]) -> None:
+        super().__init__()
+        self._hits = hits
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "hit config." in message and "recompile_limit" in message:
+            function = next((line.strip() for line in message.splitlines() if "function:" in line), "a function")
+            self._hits.append(function)
+            rank_zero_warn(
+                f"`use_compile`: {function} hit Dynamo's recompile limit"
+                f" ({torch._dynamo.config.recompile_limit}); from now on it runs uncompiled. Its inputs change in a"
+                " way that invalidates the compiled code each time (shapes, Python numbers, grad mode). Run with"
+                " `TORCH_LOGS=recompiles` to see why, then keep those inputs stable, pass `use_compile={'dynamic':"
+                " True}`, or raise the limit with `use_compile={'recompile_limit': N}`."
+            )
+        return True
+
+
+class _CompileReport:
+    """Watches one run: Dynamo's counters, the first compiled steps, and recompile-limit hits."""
+
+    def __init__(self, stage: str, strategy: str, backend: str) -> None:
+        self.summary = _CompileSummary(stage)
+        self._strategy = strategy
+        self._backend = backend
+        self._start_us = 0
+        self._graphs_before = 0
+        self._breaks_before: dict[str, int] = {}
+        self._watch = _RecompileLimitWatch(self.summary.recompile_limit_hits)
+        self._first_step: dict[bool, Optional[float]] = {}
+
+    def start(self) -> None:
+        """Snapshots the counters and starts watching for recompile-limit hits."""
+        self._start_us = time.time_ns() // 1000
+        self._graphs_before = counters["stats"]["unique_graphs"]
+        self._breaks_before = dict(counters["graph_break"])
+        logging.getLogger(_RECOMPILE_LIMIT_LOGGER).addFilter(self._watch)
+
+    def timed(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
+        """Wraps a compiled callable to announce the first compiled step of each kind, and how long it took."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            training = torch.is_grad_enabled()
+            if training not in self._first_step:
+                self._announce_start(training)
+            elif self._first_step[training] is not None:
+                self._announce_done(training)  # a training step ends after its backward: at the next call
+            out = compiled(*args, **kwargs)
+            if not training and self._first_step.get(training) is not None:
+                self._announce_done(training)
+            return out
+
+        return run
+
+    def _announce_start(self, training: bool) -> None:
+        kind = "training" if training else "evaluation"
+        rank_zero_info(
+            f"`use_compile`: compiling the first {kind} step ({self.summary.stage}, {self._backend});"
+            " it takes longer than the steps after it."
+        )
+        self._first_step[training] = time.perf_counter()
+
+    def _announce_done(self, training: bool) -> None:
+        started = self._first_step[training]
+        assert started is not None
+        kind = "training" if training else "evaluation"
+        rank_zero_info(f"`use_compile`: the first compiled {kind} step took {time.perf_counter() - started:.1f} s.")
+        self._first_step[training] = None
+
+    def finish(self) -> _CompileSummary:
+        """Stops watching, fills in the summary and logs it."""
+        logging.getLogger(_RECOMPILE_LIMIT_LOGGER).removeFilter(self._watch)
+        for training, started in self._first_step.items():
+            if started is not None:
+                self._announce_done(training)
+        summary = self.summary
+        summary.graphs = counters["stats"]["unique_graphs"] - self._graphs_before
+        for reason, count in counters["graph_break"].items():
+            new = count - self._breaks_before.get(reason, 0)
+            summary.graph_breaks += new
+            if any(marker in reason for marker in _INTENTIONAL_BREAKS):
+                summary.intentional_breaks += new
+        for metrics in get_compilation_metrics():
+            if (metrics.start_time_us or 0) < self._start_us:
+                continue
+            summary.recompiles += bool(metrics.cache_size)
+            summary.compile_seconds += metrics.entire_frame_compile_time_s or 0.0
+            summary.compile_seconds += (metrics.backward_cumulative_compile_time_us or 0) / 1e6
+        rank_zero_info(summary.line(self._backend, self._strategy))
+        return summary

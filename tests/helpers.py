@@ -1,0 +1,224 @@
+"""Models, a counting backend and probes shared by the behaviour suite.
+
+Nothing here imports ``lightning_compile_patch``: the same suite runs against a Lightning with the upstream patch
+applied (see ``conftest.py``).
+"""
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+from torch import nn
+from torch._dynamo.utils import counters, get_compilation_metrics
+from torch.nn.parallel import DistributedDataParallel
+
+QUIET = {
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "accelerator": "cpu",
+    "devices": 1,
+}
+#: Markers that a Dynamo graph break is one torch makes on purpose, at DDP's inner module call.
+DDP_BOUNDARY = "_inside_ddp_forward"
+
+
+class LoggingModel(BoringModel):
+    """BoringModel that calls ``self.log`` in every step, as most real models do."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().training_step(batch, batch_idx)
+        self.log("train_loss", out["loss"])
+        return out
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().validation_step(batch, batch_idx)
+        self.log("val_loss", out["x"])
+        return out
+
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().test_step(batch, batch_idx)
+        self.log_dict({"test_loss": out["y"], "test_twice": 2 * out["y"]})
+        return out
+
+
+_COUNTS: dict[str, dict[str, int]] = {}
+
+
+class CountingBackend:
+    """A ``torch.compile`` backend that runs graphs eagerly and counts how many it compiled and ran.
+
+    Counts live in a module-level table under ``name``, so that a copy of the backend (Lightning deep-copies the
+    arguments of ``torch.compile``) counts into the same place. With ``log_dir`` set, the first compile and the first
+    call are also written to a file of the process's rank, so that a test can read what spawned processes did.
+
+    """
+
+    def __init__(self, name: str = "counting", log_dir: Any = None) -> None:
+        self.name = name
+        self.log_dir = str(log_dir) if log_dir is not None else None
+        _COUNTS[name] = {"graphs": 0, "calls": 0}
+
+    @property
+    def graphs(self) -> int:
+        return _COUNTS[self.name]["graphs"]
+
+    @property
+    def calls(self) -> int:
+        return _COUNTS[self.name]["calls"]
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        counts = _COUNTS.setdefault(self.name, {"graphs": 0, "calls": 0})
+        counts["graphs"] += 1
+        self._record("graphs")
+
+        def run(*args: Any) -> Any:
+            counts["calls"] += 1
+            if counts["calls"] == 1:
+                self._record("calls")
+            return gm.forward(*args)
+
+        return run
+
+    def _record(self, what: str) -> None:
+        if self.log_dir is None:
+            return
+        rank = os.environ.get("LOCAL_RANK", "0")
+        with open(Path(self.log_dir, f"rank{rank}.jsonl"), "a") as f:
+            f.write(json.dumps({"event": what, "pid": os.getpid()}) + "\n")
+
+
+def read_rank_events(log_dir: Path) -> dict[str, list[str]]:
+    """What :class:`CountingBackend` recorded in each rank's file."""
+    return {
+        path.stem: [json.loads(line)["event"] for line in path.read_text().splitlines()]
+        for path in sorted(Path(log_dir).glob("rank*.jsonl"))
+    }
+
+
+@dataclass
+class DynamoStats:
+    """What Dynamo did between two points."""
+
+    graphs: int
+    frames: int
+    recompiles: int
+    graph_breaks: dict[str, int]
+    max_entries_per_code: int
+
+    @property
+    def unintended_breaks(self) -> int:
+        return sum(n for reason, n in self.graph_breaks.items() if DDP_BOUNDARY not in reason)
+
+
+def dynamo_stats() -> DynamoStats:
+    """Dynamo's counters since the last ``torch._dynamo.reset()`` / counter clear."""
+    metrics = get_compilation_metrics()
+    per_code: dict[tuple, int] = {}
+    for m in metrics:
+        key = (m.co_name, m.co_filename, m.co_firstlineno)
+        per_code[key] = max(per_code.get(key, 0), (m.cache_size or 0) + 1)
+    return DynamoStats(
+        graphs=counters["stats"]["unique_graphs"],
+        frames=counters["frames"]["total"],
+        recompiles=sum(1 for m in metrics if m.cache_size),
+        graph_breaks=dict(counters["graph_break"]),
+        max_entries_per_code=max(per_code.values(), default=0),
+    )
+
+
+def compiled_state(trainer: Trainer) -> dict[str, Any]:
+    """How the strategy's model is compiled right now."""
+    module = trainer.lightning_module
+    model = trainer.strategy.model
+    return {
+        "model_type": type(model),
+        "wrapper_compiled": model is not module and model._compiled_call_impl is not None,
+        "compiled_steps": sorted(
+            name
+            for name in ("training_step", "validation_step", "test_step", "predict_step")
+            if _shadowed(module, name)
+        ),
+        "stock_compiled": module._compiler_ctx is not None,
+    }
+
+
+class StateProbe(Callback):
+    """Records :func:`compiled_state` at the first batch of every stage."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, dict[str, Any]] = {}
+
+    def _record(self, trainer: Trainer, stage: str) -> None:
+        self.seen.setdefault(stage, compiled_state(trainer))
+
+    def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
+        self._record(trainer, "train")
+
+    def on_validation_batch_start(self, trainer: Trainer, *args: Any) -> None:
+        if trainer.sanity_checking:
+            self._record(trainer, "sanity")
+        else:
+            self._record(trainer, "fit_validate" if trainer.state.fn == "fit" else "validate")
+
+    def on_test_batch_start(self, trainer: Trainer, *args: Any) -> None:
+        self._record(trainer, "test")
+
+    def on_predict_batch_start(self, trainer: Trainer, *args: Any) -> None:
+        self._record(trainer, "predict")
+
+
+def _shadowed(module: nn.Module, name: str) -> bool:
+    """Whether an instance attribute replaces the class's method ``name`` (a bound method of it does not count)."""
+    attr = module.__dict__.get(name)
+    return attr is not None and not (
+        getattr(attr, "__self__", None) is module and attr.__func__ is getattr(type(module), name)
+    )
+
+
+def leftovers(module: nn.Module) -> list[str]:
+    """Every trace of compilation left on ``module`` and its submodules; empty when all is undone."""
+    found = [
+        f"{name or 'root'}._compiled_call_impl"
+        for name, sub in module.named_modules()
+        if getattr(sub, "_compiled_call_impl", None) is not None
+    ]
+    found += [
+        f"root.{attr}"
+        for attr in ("forward", "training_step", "validation_step", "test_step", "predict_step", "log", "log_dict")
+        if _shadowed(module, attr)
+    ]
+    if getattr(module, "_compiler_ctx", None) is not None:
+        found.append("root._compiler_ctx")
+    return found
+
+
+def state_dict_keys(module: nn.Module) -> list[str]:
+    return sorted(module.state_dict())
+
+
+@contextmanager
+def no_sync_counter(trainer: Trainer) -> Iterator[list[int]]:
+    """Counts how often the strategy enters ``DistributedDataParallel.no_sync``."""
+    entered = [0]
+    original = DistributedDataParallel.no_sync
+
+    @contextmanager
+    def counting(self: DistributedDataParallel) -> Iterator[None]:
+        entered[0] += 1
+        with original(self):
+            yield
+
+    DistributedDataParallel.no_sync = counting
+    try:
+        yield entered
+    finally:
+        DistributedDataParallel.no_sync = original

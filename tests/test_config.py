@@ -1,0 +1,160 @@
+"""`Trainer(use_compile=...)` rejects bad input at construction, with an error that names the problem and the fix."""
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.strategies import Strategy
+
+from helpers import QUIET
+
+
+@pytest.mark.parametrize(
+    "value", [True, False, None, {}, {"backend": "eager"}, {"backend": "aot_eager", "dynamic": False}]
+)
+def test_accepts_bool_none_and_dict(value):
+    Trainer(use_compile=value, **QUIET)
+
+
+@pytest.mark.parametrize("value", [1, 0, "true", ["eager"], 1.0, object()])
+def test_rejects_other_types(value):
+    with pytest.raises(TypeError, match=r"use_compile=.*pass `True`, `False`, `None` or a dict"):
+        Trainer(use_compile=value, **QUIET)
+
+
+def test_unknown_key_lists_the_valid_keys_and_suggests_one():
+    with pytest.raises(ValueError, match="unknown key 'backedn'") as err:
+        Trainer(use_compile={"backedn": "eager"}, **QUIET)
+    message = str(err.value)
+    assert "Did you mean 'backend'?" in message
+    for key in ("backend", "mode", "fullgraph", "dynamic", "options", "disable", "optimize_ddp", "fallback"):
+        assert repr(key) in message
+
+
+def test_unknown_backend_lists_the_registered_ones():
+    with pytest.raises(ValueError, match=r"'indcutor'.*no registered.*Did you mean 'inductor'") as err:
+        Trainer(use_compile={"backend": "indcutor"}, **QUIET)
+    assert "aot_eager" in str(err.value)
+    assert "register_backend" in str(err.value)
+
+
+def test_backend_may_be_a_callable():
+    def backend(gm, example_inputs):
+        return gm.forward
+
+    Trainer(use_compile={"backend": backend}, **QUIET)
+
+
+def test_backend_of_wrong_type():
+    with pytest.raises(TypeError, match="backend name or a callable"):
+        Trainer(use_compile={"backend": 3}, **QUIET)
+
+
+def test_unknown_mode_lists_the_modes():
+    with pytest.raises(ValueError, match=r"'fast' is not a `torch\.compile` mode") as err:
+        Trainer(use_compile={"mode": "fast"}, **QUIET)
+    assert "'max-autotune'" in str(err.value)
+    assert "'reduce-overhead'" in str(err.value)
+
+
+def test_mode_and_options_together():
+    with pytest.raises(ValueError, match=r"both 'mode' and 'options'.*list_mode_options"):
+        Trainer(use_compile={"mode": "max-autotune", "options": {"max_autotune": True}}, **QUIET)
+
+
+def test_unknown_inductor_option():
+    with pytest.raises(ValueError, match=r"'shape_paddin'.*not an inductor setting.*Did you mean 'shape_padding'"):
+        Trainer(use_compile={"options": {"shape_paddin": True}}, **QUIET)
+
+
+def test_options_of_other_backends_pass_through():
+    Trainer(use_compile={"backend": "aot_eager", "options": {"anything": 1}}, **QUIET)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error"),
+    [
+        ("fullgraph", "yes", TypeError),
+        ("disable", 1, TypeError),
+        ("dynamic", "auto", TypeError),
+        ("options", ["max_autotune"], TypeError),
+        ("optimize_ddp", "sometimes", ValueError),
+        ("optimize_ddp", 1, ValueError),
+        ("fallback", "cpu", ValueError),
+    ],
+)
+def test_values_of_the_wrong_kind(key, value, error):
+    with pytest.raises(error, match=key):
+        Trainer(use_compile={key: value}, **QUIET)
+
+
+class _UnsupportedStrategy(Strategy):
+    """A custom strategy that is none of the ones `use_compile` supports."""
+
+    root_device = torch.device("cpu")
+    is_global_zero = True
+
+    def model_to_device(self):
+        pass
+
+    def reduce(self, tensor, *args, **kwargs):
+        return tensor
+
+    def barrier(self, *args, **kwargs):
+        pass
+
+    def broadcast(self, obj, src=0):
+        return obj
+
+    def all_gather(self, tensor, *args, **kwargs):
+        return tensor
+
+
+def test_unsupported_strategy_fails_at_construction(tmp_path):
+    strategy = _UnsupportedStrategy(accelerator=CPUAccelerator())
+    assert isinstance(strategy, Strategy)
+    with pytest.raises(ValueError, match=r"does not support the strategy `_UnsupportedStrategy`.*use_compile=False"):
+        Trainer(
+            strategy=strategy,
+            use_compile=True,
+            default_root_dir=tmp_path,
+            **{**QUIET, "devices": "auto", "accelerator": "auto"},
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unsupported_strategy_is_fine_without_use_compile():
+    Trainer(
+        strategy=_UnsupportedStrategy(accelerator=CPUAccelerator()),
+        **{**QUIET, "devices": "auto", "accelerator": "auto"},
+    )
+
+
+def test_deepspeed_is_rejected():
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    try:  # constructing it needs the deepspeed package, which this suite does not install
+        from lightning.pytorch.trainer.connectors.compile_connector import _verify_strategy_supports_use_compile
+    except ImportError:
+        from lightning_compile_patch.connector import _verify_strategy_supports_use_compile
+
+    strategy = object.__new__(DeepSpeedStrategy)
+    with pytest.raises(ValueError, match="does not support the strategy `DeepSpeedStrategy`"):
+        _verify_strategy_supports_use_compile(strategy)
+
+
+def test_bad_input_changes_no_weight(tmp_path):
+    model = BoringModel()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="unknown key"):
+        Trainer(use_compile={"nope": 1}, default_root_dir=tmp_path, **QUIET)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_environment_variable_sets_use_compile(monkeypatch):
+    """Lightning reads `PL_TRAINER_<ARGUMENT>` for every Trainer argument; `use_compile` is one of them."""
+    monkeypatch.setenv("PL_TRAINER_USE_COMPILE", "{'backend': 'eager'}")
+    assert Trainer(**QUIET)._compile_connector.config.compile_kwargs == {"backend": "eager"}
+    assert Trainer(use_compile=False, **QUIET)._compile_connector.config is None  # an explicit argument wins

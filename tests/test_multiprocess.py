@@ -1,0 +1,92 @@
+"""Two CPU processes: ``ddp_spawn`` children compile too, though they never import ``lightning_compile_patch``.
+
+The children unpickle the Trainer. Its compile connector is an object of this package (or, on a patched Lightning, of
+Lightning itself), so unpickling it imports the package, and the import patches the child's Trainer before it runs.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+
+from conftest import TARGET
+from helpers import QUIET, CountingBackend, LoggingModel, read_rank_events
+
+pytestmark = pytest.mark.slow
+
+
+def test_ddp_spawn_children_compile(tmp_path):
+    backend = CountingBackend("spawn", log_dir=tmp_path)
+    trainer = Trainer(
+        strategy="ddp_spawn",
+        use_compile={"backend": backend},
+        max_epochs=1,
+        limit_train_batches=3,
+        limit_val_batches=1,
+        **{**QUIET, "devices": 2},
+    )
+    trainer.fit(LoggingModel())
+    events = read_rank_events(tmp_path)
+    assert sorted(events) == ["rank0", "rank1"]
+    for rank_events in events.values():
+        assert "graphs" in rank_events
+        assert "calls" in rank_events
+    assert {"train_loss", "val_loss"} <= trainer.callback_metrics.keys()
+
+
+def test_ddp_spawn_reapplies_a_compiled_model(tmp_path):
+    backend = CountingBackend("spawn_compiled", log_dir=tmp_path)
+    model = torch.compile(LoggingModel(), backend=backend)
+    trainer = Trainer(strategy="ddp_spawn", max_steps=2, limit_val_batches=0, **{**QUIET, "devices": 2})
+    trainer.fit(model)
+    events = read_rank_events(tmp_path)
+    assert sorted(events) == ["rank0", "rank1"]
+    assert all("calls" in rank_events for rank_events in events.values())
+
+
+def test_ddp_spawn_matches_eager_weights(tmp_path):
+    weights = {}
+    for name, use_compile in (("eager", None), ("compiled", {"backend": "aot_eager"})):
+        seed_everything(3)
+        model = LoggingModel()
+        trainer = Trainer(
+            strategy="ddp_spawn", use_compile=use_compile, max_steps=3, limit_val_batches=0, **{**QUIET, "devices": 2}
+        )
+        trainer.fit(model)
+        weights[name] = model.layer.weight.detach().clone()
+    torch.testing.assert_close(weights["compiled"], weights["eager"])
+
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+{import_line}
+from helpers import QUIET, CountingBackend, LoggingModel
+from lightning.pytorch import Trainer
+
+backend = CountingBackend("ddp", log_dir={log_dir!r})
+trainer = Trainer(strategy="ddp", use_compile={{"backend": backend}}, max_steps=3, limit_val_batches=1,
+                  **{{**QUIET, "devices": 2}})
+trainer.fit(LoggingModel())
+"""
+
+
+def test_ddp_subprocess_launcher_patches_every_rank(tmp_path):
+    """`strategy="ddp"` re-runs the script in each rank; the script's own import patches each of them."""
+    import_line = "import lightning_compile_patch" if TARGET == "package" else ""
+    script = tmp_path / "train.py"
+    tests = str(Path(__file__).parent)
+    script.write_text(textwrap.dedent(SCRIPT.format(tests=tests, import_line=import_line, log_dir=str(tmp_path))))
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_PORT")}
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = read_rank_events(tmp_path)
+    assert sorted(events) == ["rank0", "rank1"]
+    assert all("calls" in rank_events for rank_events in events.values())

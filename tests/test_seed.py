@@ -1,0 +1,47 @@
+"""The script of Lightning's `use_compile` feature request trains 2 epochs on CPU, both ways, as written (inductor)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TARGET
+
+SEED = Path(__file__).parents[1] / "examples" / "seed_ddp_compiled_autograd.py"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        TARGET == "upstream", reason="the seed imports pytorch_lightning, which the series leaves as is"
+    ),
+]
+
+
+@pytest.mark.parametrize("model", ["compiled", "plain"])
+def test_seed_script_trains_two_epochs(model, tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(SEED), "--model", model],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **_env()},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    finished = re.search(r"seed run finished: model=(\w+) steps=(\d+) mse_after_training=([\d.]+)", result.stdout)
+    assert finished, result.stdout[-2000:]
+    assert finished.group(1) == model
+    assert int(finished.group(2)) == 64  # 2 epochs of 1000 samples in batches of 32
+    assert float(finished.group(3)) < 1.0  # y = sum(x) over 10 features has variance 10 before training
+    assert "compiled after the wrap: _CompileSummary(stage='fit'" in result.stdout
+    graphs = int(re.search(r"graphs=(\d+)", result.stdout).group(1))
+    assert graphs > 0
+    assert "graph_breaks=0" in result.stdout  # python_reducer: DDP's forward is one graph with the model
+
+
+def _env():
+    import os
+
+    return {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}

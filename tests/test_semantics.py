@@ -1,0 +1,126 @@
+"""The `use_compile` table of the README, row by row, on one device and under DDP.
+
+| `use_compile` | model given to the Trainer | behaviour                                                     |
+|---------------|----------------------------|---------------------------------------------------------------|
+| `None`        | plain LightningModule      | nothing is compiled: stock Lightning                          |
+| `None`        | `torch.compile(model, **kw)` | unwrap, re-apply the same kwargs after the strategy wraps   |
+| `False`       | any                        | exactly stock Lightning                                       |
+| `True`        | plain or compiled          | compile after the wrap with torch.compile's defaults          |
+| dict          | plain or compiled          | the same, with these kwargs                                   |
+"""
+
+import warnings
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from helpers import QUIET, CountingBackend, LoggingModel, StateProbe, dynamo_stats, leftovers
+
+STRATEGIES = ["auto", "ddp"]
+
+
+def fit(model, strategy, use_compile, **kwargs):
+    probe = StateProbe()
+    options = {**QUIET, "max_steps": 3, "limit_val_batches": 1, "num_sanity_val_steps": 0, **kwargs}
+    trainer = Trainer(strategy=strategy, use_compile=use_compile, callbacks=[probe], **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model)
+    return trainer, probe.seen, [str(w.message) for w in caught]
+
+
+def compiled_after_wrap(seen, strategy):
+    """Whether the strategy's model was compiled after the wrap, in place, and not by Lightning's pre-wrap path."""
+    state = seen["train"]
+    if strategy == "ddp":
+        return state["wrapper_compiled"] and not state["stock_compiled"]
+    return state["compiled_steps"] == ["training_step", "validation_step"] and not state["stock_compiled"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_none_and_plain_model_compiles_nothing(strategy):
+    model = LoggingModel()
+    trainer, seen, _ = fit(model, strategy, None)
+    assert seen["train"] == {
+        "model_type": type(trainer.strategy.model) if strategy == "auto" else seen["train"]["model_type"],
+        "wrapper_compiled": False,
+        "compiled_steps": [],
+        "stock_compiled": False,
+    }
+    assert dynamo_stats().frames == 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_none_and_compiled_model_reapplies_its_kwargs_after_the_wrap(strategy):
+    backend = CountingBackend("model_kwargs")
+    compiled = torch.compile(LoggingModel(), backend=backend, dynamic=False)
+    _, seen, _ = fit(compiled, strategy, None)
+    assert compiled_after_wrap(seen, strategy)
+    assert backend.graphs > 0
+    assert backend.calls > 0
+    assert leftovers(compiled._orig_mod) == []
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_false_and_compiled_model_is_stock_lightning(strategy):
+    backend = CountingBackend("stock")
+    compiled = torch.compile(BoringModel(), backend=backend)
+    _, seen, _ = fit(compiled, strategy, False)
+    # stock Lightning compiles the LightningModule's methods before the wrap, and never the wrapper
+    assert seen["train"]["stock_compiled"]
+    assert not seen["train"]["wrapper_compiled"]
+    assert seen["train"]["compiled_steps"] == ["predict_step", "test_step", "training_step", "validation_step"]
+    assert backend.calls > 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_false_and_plain_model_compiles_nothing(strategy):
+    _, seen, _ = fit(LoggingModel(), strategy, False)
+    assert not seen["train"]["wrapper_compiled"]
+    assert seen["train"]["compiled_steps"] == []
+    assert dynamo_stats().frames == 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_dict_compiles_a_plain_model_after_the_wrap_with_its_kwargs(strategy):
+    backend = CountingBackend("dict")
+    model = LoggingModel()
+    _, seen, _ = fit(model, strategy, {"backend": backend})
+    assert compiled_after_wrap(seen, strategy)
+    assert backend.graphs > 0
+    assert backend.calls > 0
+    assert leftovers(model) == []
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_dict_wins_over_a_compiled_model_with_one_warning(strategy):
+    model_backend, trainer_backend = CountingBackend("model"), CountingBackend("trainer")
+    compiled = torch.compile(LoggingModel(), backend=model_backend)
+    _, seen, messages = fit(compiled, strategy, {"backend": trainer_backend})
+    assert compiled_after_wrap(seen, strategy)
+    assert model_backend.graphs == 0
+    assert trainer_backend.calls > 0
+    assert sum("`use_compile` wins" in m for m in messages) == 1
+
+
+@pytest.mark.slow
+def test_true_uses_torch_compile_defaults(tmp_path, monkeypatch):
+    """`True` means inductor, torch.compile's default backend; the generated code must run and train."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = BoringModel()
+    before = model.layer.weight.detach().clone()
+    _, seen, _ = fit(model, "auto", True, max_steps=2)
+    assert compiled_after_wrap(seen, "auto")
+    assert dynamo_stats().graphs >= 1
+    assert not torch.equal(before, model.layer.weight)
+
+
+def test_model_compiled_before_lightning_was_imported_keeps_stock_behaviour_with_a_warning():
+    backend = CountingBackend("unknown_kwargs")
+    compiled = torch.compile(BoringModel(), backend=backend)
+    del compiled._compile_kwargs  # what a compile before `import lightning` looks like: no captured arguments
+    _, seen, messages = fit(compiled, "auto", None)
+    assert seen["train"]["stock_compiled"]
+    assert any("arguments of its `torch.compile` call are unknown" in m for m in messages)

@@ -1,0 +1,100 @@
+"""The compiled region covers the step the strategy runs, in every stage, and `self.log` does not break it."""
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from torch._dynamo.utils import get_compilation_metrics
+from torch.nn.parallel import DistributedDataParallel
+
+from helpers import DDP_BOUNDARY, QUIET, CountingBackend, LoggingModel, StateProbe, dynamo_stats
+
+STAGE_LIMITS = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2, "limit_predict_batches": 2}
+
+
+def run_all_stages(strategy, use_compile):
+    seed_everything(7)
+    model = LoggingModel()
+    probe = StateProbe()
+    trainer = Trainer(
+        strategy=strategy, use_compile=use_compile, max_epochs=1, callbacks=[probe], **QUIET, **STAGE_LIMITS
+    )
+    metrics = {}
+    trainer.fit(model)
+    metrics["fit"] = dict(trainer.callback_metrics)
+    trainer.validate(model, verbose=False)
+    metrics["validate"] = dict(trainer.callback_metrics)
+    trainer.test(model, verbose=False)
+    metrics["test"] = dict(trainer.callback_metrics)
+    predictions = trainer.predict(model)
+    return probe.seen, metrics, predictions
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_every_stage_runs_compiled(strategy):
+    seen, _, _ = run_all_stages(strategy, {"backend": CountingBackend()})
+    if strategy == "ddp":
+        # while fitting, DDP wraps the module and every step goes through its compiled forward
+        for stage in ("sanity", "train"):
+            assert seen[stage]["model_type"] is DistributedDataParallel
+            assert seen[stage]["wrapper_compiled"]
+        assert seen["train"]["compiled_steps"] == []
+    else:
+        assert seen["train"]["compiled_steps"] == ["training_step", "validation_step"]
+    # outside fit there is no wrapper: the strategy calls the step methods directly, so those are compiled
+    assert seen["validate"]["compiled_steps"] == ["validation_step"]
+    assert seen["test"]["compiled_steps"] == ["test_step"]
+    assert seen["predict"]["compiled_steps"] == ["predict_step"]
+    assert not any(s["stock_compiled"] for s in seen.values())
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_compiled_steps_log_the_same_values_as_eager(strategy):
+    _, eager, eager_predictions = run_all_stages(strategy, None)
+    _, compiled, compiled_predictions = run_all_stages(strategy, {"backend": "eager"})
+    for stage in ("fit", "validate", "test"):
+        assert compiled[stage].keys() == eager[stage].keys()
+        for key, value in eager[stage].items():
+            torch.testing.assert_close(compiled[stage][key], value)
+    assert {"train_loss", "val_loss"} <= eager["fit"].keys()
+    assert {"test_loss", "test_twice"} <= eager["test"].keys()
+    for ours, theirs in zip(compiled_predictions, eager_predictions, strict=True):
+        torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_logging_causes_no_graph_break(strategy):
+    run_all_stages(strategy, {"backend": "eager"})
+    stats = dynamo_stats()
+    assert stats.graphs > 0
+    assert stats.unintended_breaks == 0, stats.graph_breaks
+
+
+def test_fullgraph_works_with_a_model_that_logs():
+    """`self.log` is replayed outside the graph, so `fullgraph=True` holds on one device."""
+    run_all_stages("auto", {"backend": "eager", "fullgraph": True})
+    assert dynamo_stats().graph_breaks == {}
+
+
+def test_ddp_forward_is_inside_the_compiled_region():
+    """Under DDP the compiled call starts at DDP's own forward, so its pre- and post-forward are traced.
+
+    With ``optimize_ddp="python_reducer"`` torch does not break the graph at the inner module call, so the step's
+    operations land in one graph whose frame is ``DistributedDataParallel.forward``, with its pre- and post-forward.
+    """
+    torch._dynamo.config.optimize_ddp = "python_reducer"
+    trainer = Trainer(strategy="ddp", use_compile={"backend": "eager"}, max_steps=2, limit_val_batches=0, **QUIET)
+    trainer.fit(LoggingModel())
+    frames = {
+        (m.co_name, m.co_filename.endswith("parallel/distributed.py")): m.graph_op_count
+        for m in get_compilation_metrics()
+    }
+    assert frames.get(("forward", True), 0) > 0, frames
+    assert not any(DDP_BOUNDARY in reason for reason in dynamo_stats().graph_breaks)
+
+
+def test_ddp_boundary_is_the_only_break_under_the_default_optimizer():
+    trainer = Trainer(strategy="ddp", use_compile={"backend": "eager"}, max_steps=2, limit_val_batches=0, **QUIET)
+    trainer.fit(LoggingModel())
+    breaks = dynamo_stats().graph_breaks
+    assert breaks, "Dynamo never reached DDP's inner call: DDP's forward was not compiled"
+    assert all(DDP_BOUNDARY in reason for reason in breaks), "\n".join(breaks)
