@@ -43,3 +43,37 @@ def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def patches(session: nox.Session) -> None:
+    """Regenerates patches/ from the package: `nox -s patches -- PATH/TO/pytorch-lightning` (a clone of Lightning)."""
+    if not session.posargs:
+        session.error("pass a clone of Lightning-AI/pytorch-lightning (its 2.6.5 tag holds the docs and tests)")
+    session.install("pip")
+    base = Path(session.create_tmp()) / "lightning-base"
+    session.run("python", "tools/lightning_base.py", "--out", str(base), "--lightning-repo", session.posargs[0])
+    session.run("python", "tools/patchset.py", "write", "--base", str(base))
+    session.run("python", "tools/patchset.py", "check", "--base", str(base))
+
+
+@nox.session
+def parity(session: nox.Session) -> None:
+    """The behaviour suite against Lightning 2.6.6 built with patches/ applied, and without this package.
+
+    Also checks patches/ against the package (drift), and runs the series' own upstream-style tests.
+    """
+    session.install(TORCH)
+    session.install(LIGHTNING[0], "pytest>=8", "pytest-xdist>=3.5", "pytest-timeout", "hypothesis", "pyyaml")
+    session.install("jsonargparse[signatures]>=4.39")
+    base = Path(session.create_tmp()) / "lightning-base"
+    session.run("python", "tools/lightning_base.py", "--out", str(base))
+    session.run("python", "tools/patchset.py", "check", "--base", str(base))
+    git_identity = {"GIT_COMMITTER_NAME": "parity", "GIT_COMMITTER_EMAIL": "parity@lightning-compile-patch.invalid"}
+    series = sorted(str(p) for p in (ROOT / "patches").glob("*.patch"))
+    # the sdist has Lightning's src/ but neither docs/ nor tests/: apply what it has, which is what gets installed
+    session.run("git", "-C", str(base), "am", "-q", "--include=src/*", *series, external=True, env=git_identity)
+    session.install("--no-deps", "--force-reinstall", str(base))
+    session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, *session.posargs, env={"LCP_TARGET": "upstream"})
+    harness = str(ROOT / "tools" / "upstream" / "harness")
+    session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, "tools/upstream/tests", env={"PYTHONPATH": harness})

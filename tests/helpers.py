@@ -4,8 +4,10 @@ Nothing here imports ``lightning_compile_patch``: the same suite runs against a 
 applied (see ``conftest.py``).
 """
 
+import importlib.util
 import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -222,3 +224,34 @@ def no_sync_counter(trainer: Trainer) -> Iterator[list[int]]:
         yield entered
     finally:
         DistributedDataParallel.no_sync = original
+
+
+def demo_gpt() -> Any:
+    """The package's demo GPT module (``lightning_compile_patch.demos.gpt``).
+
+    Loaded from its file, so that the run against a patched Lightning does not import ``lightning_compile_patch``.
+    """
+    name = "lcp_demo_gpt"
+    if name not in sys.modules:
+        path = Path(__file__).parents[1] / "src" / "lightning_compile_patch" / "demos" / "gpt.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def lightning_side(name: str) -> Any:
+    """A Lightning-side module: ``lightning.pytorch.utilities.compile_<name>`` on a patched Lightning, else ours."""
+    try:
+        return importlib.import_module(f"lightning.pytorch.utilities.compile_{name}")
+    except ImportError:
+        return importlib.import_module(f"lightning_compile_patch.{name}")
+
+
+def connector_module() -> Any:
+    """The compile connector's module: Lightning's on a patched Lightning, else ours."""
+    try:
+        return importlib.import_module("lightning.pytorch.trainer.connectors.compile_connector")
+    except ImportError:
+        return importlib.import_module("lightning_compile_patch.connector")

@@ -7,7 +7,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies import Strategy
 
-from helpers import QUIET
+from helpers import QUIET, connector_module
 
 
 @pytest.mark.parametrize(
@@ -134,14 +134,9 @@ def test_unsupported_strategy_is_fine_without_use_compile():
 def test_deepspeed_is_rejected():
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
-    try:  # constructing it needs the deepspeed package, which this suite does not install
-        from lightning.pytorch.trainer.connectors.compile_connector import _verify_strategy_supports_use_compile
-    except ImportError:
-        from lightning_compile_patch.connector import _verify_strategy_supports_use_compile
-
-    strategy = object.__new__(DeepSpeedStrategy)
+    strategy = object.__new__(DeepSpeedStrategy)  # constructing it needs deepspeed, which this suite does not install
     with pytest.raises(ValueError, match="does not support the strategy `DeepSpeedStrategy`"):
-        _verify_strategy_supports_use_compile(strategy)
+        connector_module()._verify_strategy_supports_use_compile(strategy)
 
 
 def test_bad_input_changes_no_weight(tmp_path):

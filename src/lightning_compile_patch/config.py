@@ -30,21 +30,17 @@ _OWN_KEYS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class _CompileConfig:
-    """A validated ``use_compile`` value.
+    """A validated ``use_compile`` value."""
 
-    Attributes:
-        compile_kwargs: Keyword arguments for :func:`torch.compile`.
-        optimize_ddp: The ``torch._dynamo.config.optimize_ddp`` policy while DDP is compiled.
-        fallback: What happens when compilation fails: ``None`` raises, ``"eager"`` warns and runs uncompiled.
-        regions: Which repeated blocks to compile one by one; ``None`` compiles the whole step as one region.
-        cache: Where compiled artifacts are kept between runs; ``None`` keeps nothing.
-
-    """
-
+    #: Keyword arguments for :func:`torch.compile`.
     compile_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The ``torch._dynamo.config.optimize_ddp`` policy while DDP is compiled.
     optimize_ddp: Union[str, bool] = "auto"
+    #: What happens when compilation fails: ``None`` raises, ``"eager"`` warns and runs uncompiled.
     fallback: Optional[str] = None
+    #: Which repeated blocks to compile one by one; ``None`` compiles the whole step as one region.  # patch: regions
     regions: Optional[Union[str, tuple[Union[type, str], ...]]] = None  # patch: regions
+    #: Where compiled artifacts are kept between runs; ``None`` keeps nothing.  # patch: cache
     cache: Optional[str] = None  # patch: cache
 
     @property

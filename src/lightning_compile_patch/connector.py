@@ -28,6 +28,7 @@ from lightning.pytorch.strategies import (
 )
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.compile import to_uncompiled
+from lightning.pytorch.utilities.model_helpers import is_overridden  # patch: regions
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import nn
 from torch._dynamo import OptimizedModule
@@ -39,6 +40,7 @@ from lightning_compile_patch.config import (
     _parse_use_compile,
 )
 from lightning_compile_patch.log_boundary import _LogBoundary
+from lightning_compile_patch.regions import _compile_regions, _find_regions  # patch: regions
 from lightning_compile_patch.report import _CompileReport, _CompileSummary
 
 #: The LightningModule methods each stage calls through the strategy.
@@ -110,6 +112,7 @@ class _CompileConnector:
                 " and `Trainer(use_compile=...)`."
             )
             return model
+        _verify_strategy_supports_use_compile(self.trainer.strategy)
         self._compiled_input = _config_from_compile_kwargs(compile_kwargs)
         return model._orig_mod
 
@@ -124,6 +127,8 @@ class _CompileConnector:
         if config is None:
             return False
         _verify_strategy_supports_use_compile(self.trainer.strategy)
+        if config.regions is not None and not is_overridden("configure_model", model):  # patch: regions
+            _find_regions(model, config.regions)  # patch: regions
         if model._compiler_ctx is not None:
             # compiled with ``from_compiled`` by hand: undo it, so that the model is compiled once, after the wrap
             _undo_stock_compile(model)
@@ -144,8 +149,14 @@ class _CompileConnector:
         self._undo.append(boundary.install())
         self._undo.append(_apply_optimize_ddp(config, strategy))
 
+        step_kwargs = config.compile_kwargs
+        if config.regions is not None:  # patch: regions
+            blocks = _find_regions(module, config.regions)  # patch: regions
+            self._undo.append(_compile_regions(blocks, config.compile_kwargs))  # patch: regions
+            step_kwargs = {**step_kwargs, "fullgraph": False}  # patch: regions
+
         def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-            return boundary.around(report.timed(torch.compile(fn, **config.compile_kwargs)), original=fn)
+            return boundary.around(report.timed(torch.compile(fn, **step_kwargs)), original=fn)
 
         if strategy.model is not module:
             # DDP, FSDP: the strategy calls every step through the wrapper's forward, so one compiled call

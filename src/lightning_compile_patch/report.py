@@ -16,8 +16,12 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch._dynamo.utils import counters, get_compilation_metrics
 
-#: Graph breaks torch makes on purpose: DDP runs its inner module call outside the outer graph.
-_INTENTIONAL_BREAKS = ("_inside_ddp_forward",)
+#: Graph breaks made on purpose: DDP runs its inner module call outside the outer graph (torch's choice), and each
+#: compiled region is called from the step as an opaque function.
+_INTENTIONAL_BREAKS = (
+    "_inside_ddp_forward",
+    "compiled_region",  # patch: regions
+)
 _RECOMPILE_LIMIT_LOGGER = "torch._dynamo.convert_frame"
 
 
@@ -37,7 +41,7 @@ class _CompileSummary:
         """The one summary line."""
         breaks = _count(self.graph_breaks, "graph break")
         if self.intentional_breaks:
-            breaks += f" ({self.intentional_breaks} at DDP's intended boundary)"
+            breaks += f" ({self.intentional_breaks} intended: DDP's inner call, region boundaries)"
         hits = f", {_count(len(self.recompile_limit_hits), 'recompile-limit hit')}" if self.recompile_limit_hits else ""
         return (
             f"`use_compile` ({self.stage}, {strategy}, {backend}): {_count(self.graphs, 'graph')},"

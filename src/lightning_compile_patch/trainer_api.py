@@ -16,12 +16,13 @@ DEFAULT = None
 
 #: The ``Args:`` entry, without indentation. Each line is indented by the docstring's own argument indent.
 DOC = """\
-use_compile: Compile the model with ``torch.compile`` after the strategy has wrapped it (DDP, FSDP), so that
-    the compiled region covers the whole step the strategy runs, in every stage (fit, validate, test, predict).
-    ``True`` uses ``torch.compile``'s defaults; a dict passes its keys to ``torch.compile`` (``backend``, ``mode``,
-    ``fullgraph``, ``dynamic``, ``options``, ...) and a few keys of the Trainer's own (see the guide
-    to compiling models). ``False`` keeps Lightning's default behaviour. With ``None``, a model that was
-    compiled before it was passed to the Trainer is compiled again with the same arguments after the wrap.
+use_compile: Compile the model with ``torch.compile`` after the strategy has wrapped it (DDP, FSDP),
+    so that the compiled region covers the whole step the strategy runs, in every stage (fit,
+    validate, test, predict). ``True`` uses the defaults of ``torch.compile``; a dict passes its keys
+    to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``, ...) and
+    takes a few keys of the Trainer's own (see the guide to compiling models). ``False`` keeps the
+    default behavior. With ``None``, a model that was compiled before it was passed to the Trainer
+    is compiled again with the same arguments after the wrap.
     Default: ``None``."""
 
 

@@ -128,6 +128,9 @@ class GPTModule(LightningModule):
         self.log("val_loss", loss)
         return loss
 
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self(batch[0]).argmax(-1)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.0)
 

@@ -1,0 +1,136 @@
+"""Regional compilation: compile each repeated block on its own, and the rest of the step around them.
+
+A model of ``N`` identical blocks compiles one block's graph once and runs it ``N`` times, instead of tracing and
+compiling ``N`` copies inside one big graph; the cold start shrinks with the depth of the model. The step (embeddings,
+final norm, head, loss) is still compiled as in whole-model compilation, with each block call left as an opaque call
+into the block's own compiled code::
+
+    training_step ─ compiled ─┬─ embeddings
+                              ├─ block 0 ─┐
+                              ├─ block 1 ─┼─ one compiled graph, shared
+                              ├─ ...      │
+                              ├─ block N ─┘
+                              └─ norm, head, loss
+
+Each block is compiled in place, through its ``forward``: the module keeps its type and state-dict keys, and hooks
+registered on it (``fully_shard`` for instance) still run around the compiled code.
+
+"""
+
+from collections.abc import Iterable
+from typing import Any, Callable, Union
+
+import torch
+from torch import nn
+
+#: The ``regions`` values: "auto", or classes and class names of the blocks to compile.
+_REGIONS_INPUT = Union[str, type, Iterable[Union[type, str]]]
+_MISSING = object()
+
+
+def _parse_regions(regions: Any) -> Union[str, tuple[Union[type, str], ...]]:
+    """Validates a ``regions`` value: ``"auto"``, a module class, or a tuple or list of classes and class names."""
+    if regions == "auto":
+        return "auto"
+    if isinstance(regions, (type, str)):
+        regions = (regions,)
+    if not isinstance(regions, (list, tuple)) or not regions:
+        raise TypeError(
+            f"`Trainer(use_compile={{'regions': {regions!r}}})` must be 'auto', an `nn.Module` subclass, or a non-empty"
+            " list of subclasses or class names, such as `{'regions': ['Block']}`."
+        )
+    for item in regions:
+        if isinstance(item, type) and issubclass(item, nn.Module):
+            continue
+        if isinstance(item, str) and item.isidentifier():
+            continue
+        raise TypeError(
+            f"`Trainer(use_compile={{'regions': ...}})` got {item!r}; each entry must be an `nn.Module` subclass or the"
+            " name of one, such as 'Block'."
+        )
+    return tuple(regions)
+
+
+def _repeated_blocks(module: nn.Module) -> dict[str, nn.Module]:
+    """The blocks of every container that holds two or more modules of one class, outermost first, by name."""
+    found: dict[str, nn.Module] = {}
+    for name, container in module.named_modules():
+        if not isinstance(container, (nn.ModuleList, nn.Sequential)) or any(name.startswith(f"{k}.") for k in found):
+            continue
+        children = list(container.named_children())
+        if len(children) > 1 and len({type(child) for _, child in children}) == 1:
+            for child_name, child in children:
+                found[f"{name}.{child_name}" if name else child_name] = child
+    return found
+
+
+def _matches(block: nn.Module, spec: tuple[Union[type, str], ...]) -> bool:
+    names = {cls.__name__ for cls in type(block).__mro__}
+    return any(isinstance(block, item) if isinstance(item, type) else item in names for item in spec)
+
+
+def _find_regions(module: nn.Module, regions: Union[str, tuple[Union[type, str], ...]]) -> dict[str, nn.Module]:
+    """The modules to compile one by one, by name. When matches nest, the outermost wins.
+
+    Raises:
+        ValueError: If nothing matches; the message lists the repeated blocks the model has.
+
+    """
+    if regions == "auto":
+        found = _repeated_blocks(module)
+    else:
+        found = {}
+        for name, submodule in module.named_modules():
+            inside_match = any(name.startswith(f"{outer}.") for outer in found)
+            if name and not inside_match and _matches(submodule, regions):
+                found[name] = submodule
+    if found:
+        return found
+    candidates = sorted({type(block).__name__ for block in _repeated_blocks(module).values()})
+    hint = (
+        f" It has these repeated blocks: {', '.join(candidates)}; pass one of them, or 'auto'."
+        if candidates
+        else " It has no container of repeated blocks either, so regional compilation has nothing to gain: leave"
+        " 'regions' out to compile the whole step."
+    )
+    wanted = "'auto'" if regions == "auto" else ", ".join(getattr(r, "__name__", str(r)) for r in regions)
+    raise ValueError(
+        f"`Trainer(use_compile={{'regions': ...}})`: no module of `{type(module).__name__}` matches {wanted}.{hint}"
+    )
+
+
+def _region_compile_kwargs(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ``torch.compile`` arguments for the blocks: the run's, with static shapes unless ``dynamic`` was given.
+
+    Static shapes are the default for blocks, as in torchtitan: a new input shape (the last, partial batch) compiles
+    the block once more, and the entry serves every block, since they share their code; nothing recompiles per block.
+    """
+    return {"dynamic": False, **compile_kwargs}
+
+
+def _compile_regions(blocks: dict[str, nn.Module], compile_kwargs: dict[str, Any]) -> Callable[[], None]:
+    """Compiles each block in place, as a call the surrounding compiled step does not trace into; returns the undo."""
+    kwargs = _region_compile_kwargs(compile_kwargs)
+    shadowed = {name: block.__dict__.get("forward", _MISSING) for name, block in blocks.items()}
+    for block in blocks.values():
+        block.forward = _region_boundary(torch.compile(block.forward, **kwargs), block.forward)
+
+    def undo() -> None:
+        for name, block in blocks.items():
+            if shadowed[name] is _MISSING:
+                block.__dict__.pop("forward", None)
+            else:
+                block.forward = shadowed[name]
+
+    return undo
+
+
+def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """Runs a block's compiled code; when the step around it is traced, the call stays opaque (its own region)."""
+
+    @torch.compiler.disable
+    def compiled_region(*args: Any, **kwargs: Any) -> Any:
+        return compiled(*args, **kwargs)
+
+    compiled_region.__wrapped__ = original  # type: ignore[attr-defined]  # for signature inspection
+    return compiled_region

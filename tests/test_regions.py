@@ -1,0 +1,233 @@
+"""`use_compile={"regions": ...}`: each repeated block compiled on its own, the rest of the step around them."""
+
+import gc
+import os
+
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from torch import nn
+from torch._dynamo.utils import get_compilation_metrics
+from torch.nn.parallel import DistributedDataParallel
+
+from helpers import QUIET, StateProbe, demo_gpt, dynamo_stats, leftovers, lightning_side, state_dict_keys
+
+gpt = demo_gpt()
+EAGER = {"backend": "eager"}
+
+
+def small_gpt(n_layer=3, samples=60, **kwargs):
+    """Batches of 8 over 60 samples: the last batch of each epoch has 4."""
+    return gpt.GPTModule(
+        gpt.GPTConfig(n_layer=n_layer, n_embd=32, block_size=16, vocab_size=64, samples=samples, **kwargs)
+    )
+
+
+class BlockProbe(Callback):
+    """Records, at the first training batch, which blocks are compiled regions."""
+
+    def on_train_batch_start(self, trainer, pl_module, *args):
+        if not hasattr(self, "compiled"):
+            self.compiled = [isinstance(b.__dict__.get("forward"), type(lambda: 0)) for b in pl_module.model.blocks]
+            self.model_type = type(trainer.strategy.model)
+
+
+def fit(model, regions, strategy="auto", **kwargs):
+    probe = BlockProbe()
+    options = {**QUIET, "max_epochs": 1, "limit_val_batches": 2, **kwargs}
+    trainer = Trainer(strategy=strategy, use_compile={**EAGER, "regions": regions}, callbacks=[probe], **options)
+    trainer.fit(model)
+    return trainer, probe
+
+
+def block_compiles():
+    """How many times Dynamo compiled the block's `forward` (one entry serves every block)."""
+    return sum(
+        1
+        for m in get_compilation_metrics()
+        if m.co_name == "forward"
+        and m.co_filename.endswith("gpt.py")
+        and m.co_firstlineno == gpt.Block.forward.__code__.co_firstlineno
+    )
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+@pytest.mark.parametrize("regions", ["auto", gpt.Block, (gpt.Block,), ["Block"]])
+def test_every_block_is_compiled_in_place_after_the_wrap(regions, strategy):
+    model = small_gpt()
+    keys = state_dict_keys(model)
+    _, probe = fit(model, regions, strategy)
+    assert probe.compiled == [True, True, True]
+    if strategy == "ddp":
+        assert probe.model_type is DistributedDataParallel
+    assert leftovers(model) == []
+    assert all("forward" not in block.__dict__ for block in model.model.blocks)
+    assert state_dict_keys(model) == keys
+
+
+def test_identical_blocks_share_one_graph_whatever_the_depth():
+    compiles = {}
+    for depth in (2, 6):
+        torch._dynamo.reset()
+        torch._dynamo.utils.clear_compilation_metrics()
+        fit(small_gpt(n_layer=depth), "auto", limit_val_batches=0)
+        compiles[depth] = block_compiles()
+    # training only: one entry for full batches and one for the last, partial one, for 2 blocks as for 6
+    assert compiles == {2: 2, 6: 2}
+
+
+def test_partial_batches_recompile_once_not_per_block():
+    fit(small_gpt(n_layer=4), "auto", max_epochs=2)
+    # grad mode (train, eval) x shape (8, 4): at most 4 entries, shared by the 4 blocks
+    assert block_compiles() <= 4
+    assert dynamo_stats().max_entries_per_code <= 4
+
+
+def test_the_rest_of_the_step_is_compiled_too():
+    fit(small_gpt(), "auto", limit_val_batches=0)
+    frames = {m.co_name: m.graph_op_count or 0 for m in get_compilation_metrics()}
+    loss_frames = [name for name, ops in frames.items() if "resume_in__loss" in name and ops]
+    assert loss_frames, frames  # the cross entropy after the model call runs compiled
+
+
+def test_region_boundaries_count_as_intended_breaks():
+    trainer, _ = fit(small_gpt(), "auto", limit_val_batches=0)
+    summary = trainer._compile_connector.last_summary
+    assert summary.graph_breaks > 0
+    assert summary.graph_breaks == summary.intentional_breaks
+
+
+def test_every_stage_compiles_the_regions():
+    model = small_gpt()
+    probe = StateProbe()
+    trainer = Trainer(use_compile={**EAGER, "regions": "auto"}, max_epochs=1, callbacks=[probe], **QUIET)
+    trainer.fit(model)
+    trainer.validate(model, verbose=False)
+    trainer.predict(model, dataloaders=model.val_dataloader())
+    assert probe.seen["validate"]["compiled_steps"] == ["validation_step"]
+    assert probe.seen["predict"]["compiled_steps"] == ["predict_step"]
+    assert leftovers(model) == []
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+
+
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stack = nn.ModuleList([Outer(), Outer()])
+        self.head = nn.Linear(8, 2)
+
+
+def test_nested_matches_compile_the_outermost_block():
+    find = lightning_side("regions")._find_regions
+    # the Linears inside each Outer are part of it; the head is a Linear of its own
+    assert sorted(find(Nested(), (Outer, nn.Linear))) == ["head", "stack.0", "stack.1"]
+    assert sorted(find(Nested(), ["Linear"])) == [
+        "head",
+        "stack.0.inner.0",
+        "stack.0.inner.1",
+        "stack.1.inner.0",
+        "stack.1.inner.1",
+    ]
+    # 'auto' finds the list of Outer; the lists of Linear inside them are nested in it
+    assert sorted(find(Nested(), "auto")) == ["stack.0", "stack.1"]
+
+
+def test_regions_matching_nothing_fail_before_training_and_name_the_candidates(tmp_path):
+    model = small_gpt()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = Trainer(use_compile={**EAGER, "regions": ["Transformer"]}, default_root_dir=tmp_path, **QUIET)
+    with pytest.raises(
+        ValueError, match=r"no module of `GPTModule` matches Transformer\. It has these repeated blocks: Block"
+    ):
+        trainer.fit(model)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert leftovers(model) == []
+
+
+def test_auto_on_a_model_without_repeated_blocks_says_so():
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    trainer = Trainer(use_compile={**EAGER, "regions": "auto"}, **QUIET)
+    with pytest.raises(ValueError, match="no container of repeated blocks"):
+        trainer.fit(BoringModel())
+
+
+@pytest.mark.parametrize("regions", [[], 5, ["not a name"], [int], "not a name", {"Block": 1}])
+def test_bad_regions_fail_at_construction(regions):
+    with pytest.raises((TypeError, ValueError), match="regions"):
+        Trainer(use_compile={"regions": regions}, **QUIET)
+
+
+def losses(use_compile, steps=6, n_layer=2):
+    seed_everything(0)
+    model = small_gpt(n_layer=n_layer, samples=8 * steps)
+
+    class Record(Callback):
+        values = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, *args):
+            self.values.append(float(outputs["loss"]))
+
+    record = Record()
+    record.values = []
+    trainer = Trainer(use_compile=use_compile, max_epochs=1, limit_val_batches=0, callbacks=[record], **QUIET)
+    trainer.fit(model)
+    return record.values
+
+
+@pytest.mark.slow
+def test_losses_of_eager_whole_and_regional_agree_with_inductor(tmp_path, monkeypatch):
+    """Inductor generates the code here: the numerics risk of per-block compilation is in the generated kernels."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    eager = losses(None)
+    whole = losses({"backend": "inductor"})
+    regional = losses({"backend": "inductor", "regions": "auto"})
+    assert len(eager) == len(whole) == len(regional) == 6
+    assert eager[-1] < eager[0]
+    # fp32 on CPU; kernels fuse and reorder reductions differently: agree to 1e-4 relative over 6 AdamW steps
+    torch.testing.assert_close(whole, eager, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(regional, eager, rtol=1e-4, atol=1e-5)
+
+
+def test_losses_of_eager_and_regional_agree_with_aot_eager():
+    torch.testing.assert_close(losses({"backend": "aot_eager", "regions": "auto"}), losses(None), rtol=1e-6, atol=1e-6)
+
+
+def _rss_mb():
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class RSS(Callback):
+    def __init__(self):
+        self.samples = []
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step % 25 == 0:
+            gc.collect()
+            self.samples.append(_rss_mb())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc")
+def test_memory_stays_flat_over_many_steps():
+    """The per-layer compile leak reported on torchtitan (#61) would show as RSS growing with every step."""
+    rss = RSS()
+    model = small_gpt(n_layer=4, samples=8 * 300)
+    trainer = Trainer(
+        use_compile={"backend": "aot_eager", "regions": "auto"},
+        max_steps=300,
+        limit_val_batches=0,
+        callbacks=[rss],
+        **QUIET,
+    )
+    trainer.fit(model)
+    after_warmup = rss.samples[2:]  # from step 50 on
+    growth = after_warmup[-1] - after_warmup[0]
+    # 250 steps; a leak of even one activation (8x16x32 floats = 16 KiB) per block per step would add ~16 MB
+    assert growth < 8, f"RSS grew {growth:.1f} MB over 250 steps: {[round(s) for s in rss.samples]}"
