@@ -11,14 +11,14 @@ With `lightning_compile_patch`, the Trainer compiles DDP itself, after the wrap.
 
 import argparse
 
-import pytorch_lightning as pl
 import torch
 import torch.nn as nn
-from pytorch_lightning.strategies import DDPStrategy
 from torch._dynamo import compiled_autograd
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_compile_patch  # noqa: F401  (patches pytorch_lightning's Trainer too)
+import pytorch_lightning as pl
+from pytorch_lightning.strategies import DDPStrategy
 
 torch._dynamo.config.optimize_ddp = "python_reducer"
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.demos.boring_classes import BoringModel
 from torch import nn
 from torch._dynamo.utils import counters, get_compilation_metrics
 from torch.nn.parallel import DistributedDataParallel
+
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 QUIET = {
     "logger": False,

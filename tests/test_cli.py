@@ -5,9 +5,9 @@ import io
 
 import pytest
 import yaml
-from lightning.pytorch.cli import LightningCLI
 
 from helpers import LoggingModel
+from lightning.pytorch.cli import LightningCLI
 
 pytest.importorskip("jsonargparse")
 

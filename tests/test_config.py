@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+
+from helpers import QUIET, connector_module
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies import Strategy
-
-from helpers import QUIET, connector_module
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,12 @@ import pickle
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.demos.boring_classes import BoringModel
 from torch.nn.parallel import DistributedDataParallel
 
 from helpers import QUIET, CountingBackend, LoggingModel, StateProbe, leftovers, no_sync_counter, state_dict_keys
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 COMPILE = {"backend": "eager"}
 

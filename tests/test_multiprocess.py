@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
 
 from conftest import TARGET
 from helpers import QUIET, CountingBackend, LoggingModel, read_rank_events
+from lightning.pytorch import Trainer, seed_everything
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,11 @@ That is at most 2 x 2 = 4 entries per code object, half of Dynamo's default limi
 import logging
 
 import pytest
-from lightning.pytorch import Trainer
-from lightning.pytorch.demos.boring_classes import RandomDataset
 from torch.utils.data import DataLoader
 
 from helpers import QUIET, LoggingModel, dynamo_stats
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import RandomDataset
 
 MAX_ENTRIES_PER_CODE = 4  # see the module docstring; Dynamo's limit is 8
 COMPILE = {"backend": "eager"}

@@ -5,12 +5,12 @@ import os
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer, seed_everything
 from torch import nn
 from torch._dynamo.utils import get_compilation_metrics
 from torch.nn.parallel import DistributedDataParallel
 
 from helpers import QUIET, StateProbe, demo_gpt, dynamo_stats, leftovers, lightning_side, state_dict_keys
+from lightning.pytorch import Callback, Trainer, seed_everything
 
 gpt = demo_gpt()
 EAGER = {"backend": "eager"}

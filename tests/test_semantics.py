@@ -13,10 +13,10 @@ import warnings
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
-from lightning.pytorch.demos.boring_classes import BoringModel
 
 from helpers import QUIET, CountingBackend, LoggingModel, StateProbe, dynamo_stats, leftovers
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 STRATEGIES = ["auto", "ddp"]
 

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
 from torch._dynamo.utils import get_compilation_metrics
 from torch.nn.parallel import DistributedDataParallel
 
 from helpers import DDP_BOUNDARY, QUIET, CountingBackend, LoggingModel, StateProbe, dynamo_stats
+from lightning.pytorch import Trainer, seed_everything
 
 STAGE_LIMITS = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2, "limit_predict_batches": 2}
 

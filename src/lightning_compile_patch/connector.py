@@ -16,8 +16,11 @@ Compiling in place (``nn.Module.compile`` style) keeps the strategy's model of t
 
 from typing import Any, Callable, Optional
 
-import lightning.pytorch as pl
 import torch
+from torch import nn
+from torch._dynamo import OptimizedModule
+
+import lightning.pytorch as pl
 from lightning.pytorch.strategies import (
     DDPStrategy,
     DeepSpeedStrategy,
@@ -30,9 +33,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.compile import to_uncompiled
 from lightning.pytorch.utilities.model_helpers import is_overridden  # patch: regions
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from torch import nn
-from torch._dynamo import OptimizedModule
-
+from lightning_compile_patch.cache import _warm_start  # patch: cache
 from lightning_compile_patch.config import (
     _USE_COMPILE_INPUT,
     _CompileConfig,
@@ -143,6 +144,8 @@ class _CompileConnector:
         trainer = self.trainer
         strategy = trainer.strategy
         module = trainer.lightning_module
+        if config.cache is not None:  # patch: cache
+            self._undo.append(_warm_start(config.cache, trainer, config.compile_kwargs, config.regions))  # patch: cache
         report = self._report = _CompileReport(trainer.state.fn.value, type(strategy).__name__, _backend_name(config))
         report.start()
         boundary = _LogBoundary(module)

@@ -29,9 +29,9 @@ PATHS: dict[str, Any] = {
 def _run_one(name: str, steps: int) -> dict[str, Any]:
     """Trains in this process and returns the measurements."""
     import torch
-    from lightning.pytorch import Callback, Trainer
 
     import lightning_compile_patch  # noqa: F401
+    from lightning.pytorch import Callback, Trainer
     from lightning_compile_patch.demos.gpt import GPTModule
 
     class StepTimer(Callback):

@@ -18,6 +18,7 @@ UPSTREAM_MODULES: dict[str, str] = {
     "config": "lightning.pytorch.utilities.compile_config",
     "log_boundary": "lightning.pytorch.utilities.compile_log_boundary",
     "regions": "lightning.pytorch.utilities.compile_regions",
+    "cache": "lightning.pytorch.utilities.compile_cache",
     "report": "lightning.pytorch.utilities.compile_report",
     "connector": "lightning.pytorch.trainer.connectors.compile_connector",
 }

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch._dynamo.utils import counters, get_compilation_metrics
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 #: Graph breaks made on purpose: DDP runs its inner module call outside the outer graph (torch's choice), and each
 #: compiled region is called from the step as an opaque function.

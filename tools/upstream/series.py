@@ -223,4 +223,27 @@ partial last batch recompiles the shared graph once, not each block.""",
     ),
 )
 
-SERIES: tuple[Patch, ...] = (USE_COMPILE, REGIONS)
+CACHE = Patch(
+    subject="Add a warm-start compile cache to `Trainer(use_compile=...)`",
+    body="""\
+`use_compile={"cache": DIR | True}` loads, before the first compiled step, the artifacts that
+`torch.compiler.save_cache_artifacts` saved at the end of the previous run of the same configuration
+on the same rank, and saves them again at the end of the run. The configuration (model class,
+strategy, world size, precision, device, versions, compile arguments) selects the folder; inductor's
+on-disk cache for it lives there too, which keeps the compiled C++ kernels on CPU.
+
+A file that cannot be read, or that was written for another configuration, is ignored with a warning
+and the run compiles cold; writing the file never fails the run.""",
+    feature="cache",
+    modules=("cache",),
+    tests=("tests_pytorch/utilities/test_compile_cache.py",),
+    edits=(
+        _changelog(
+            '- Added `Trainer(use_compile={"cache": ...})`, a compile cache that lets the next run of the same'
+            " configuration start warm ([#20242](https://github.com/Lightning-AI/pytorch-lightning/issues/20242))"
+        ),
+        Replace(COMPILE_DOCS, _AVOID_GRAPH_BREAKS, (HERE / "docs" / "cache.rst").read_text() + _AVOID_GRAPH_BREAKS),
+    ),
+)
+
+SERIES: tuple[Patch, ...] = (USE_COMPILE, REGIONS, CACHE)

@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
+
+from lightning.pytorch import LightningModule
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,159 @@
+"""Warm start: keep what the compiler produced, per rank and per configuration, and reuse it in the next run.
+
+``use_compile={"cache": DIR}`` (or ``True`` for the default directory) does two things for each run:
+
+* it loads, before the first compiled step, the artifacts that :func:`torch.compiler.save_cache_artifacts` wrote at
+  the end of the last run of the same configuration on this rank, and saves them again at the end of this run. The
+  file is portable: copy it to another machine with the same software, and the graphs there are not compiled again;
+* it keeps inductor's own on-disk cache for the configuration in the same directory (unless you set
+  ``TORCHINDUCTOR_CACHE_DIR`` yourself). On a CPU, that is where the compiled C++ kernels live: the portable file does
+  not carry them.
+
+A file that cannot be read, or that another configuration or release wrote, is ignored with a warning: the run then
+compiles cold and writes a new one. Nothing here can stop a run.
+
+"""
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+_MAGIC = b"LIGHTNING-COMPILE-CACHE 1\n"
+_INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def _default_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/lightning/compile``, or ``~/.cache/lightning/compile``."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "lightning", "compile")
+
+
+def _parse_cache_dir(cache: Any) -> Optional[str]:
+    """Validates a ``cache`` value: ``True`` (the default directory), ``False``/``None`` (none), or a directory path."""
+    if cache is None or cache is False:
+        return None
+    if cache is True:
+        return _default_cache_dir()
+    if isinstance(cache, (str, os.PathLike)) and str(cache):
+        return os.path.abspath(os.path.expanduser(os.fspath(cache)))
+    raise TypeError(
+        f"`Trainer(use_compile={{'cache': {cache!r}}})` must be `True` (the default directory, {_default_cache_dir()})"
+        " or the path of a directory."
+    )
+
+
+def _configuration(trainer: "pl.Trainer", compile_kwargs: dict[str, Any], regions: Any) -> dict[str, Any]:
+    """What the compiled artifacts depend on, besides the graphs themselves (which torch keys on its own)."""
+    strategy = trainer.strategy
+    device = strategy.root_device
+    return {
+        "torch": torch.__version__,
+        "lightning": pl.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "world_size": strategy.world_size,
+        "strategy": type(strategy).__name__,
+        "precision": str(trainer.precision),
+        "model": f"{type(trainer.lightning_module).__module__}.{type(trainer.lightning_module).__qualname__}",
+        "compile": {key: _describe(value) for key, value in sorted(compile_kwargs.items())},
+        "regions": _describe(regions),
+    }
+
+
+def _describe(value: Any) -> Union[str, int, float, bool, list, dict, None]:
+    """A JSON-able, stable description of a configuration value (callables by name)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_describe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _describe(v) for k, v in sorted(value.items())}
+    return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+
+
+def _warm_start(
+    cache_dir: str, trainer: "pl.Trainer", compile_kwargs: dict[str, Any], regions: Any
+) -> Callable[[], None]:
+    """Loads this configuration's artifacts for this rank, and returns the function that saves them at the end."""
+    configuration = _configuration(trainer, compile_kwargs, regions)
+    key = hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[:16]
+    folder = Path(cache_dir) / f"{type(trainer.lightning_module).__name__}-{key}"
+    artifacts = folder / f"rank{trainer.global_rank}.bin"
+    restore_env = _use_inductor_dir(folder / "inductor")
+    _load(artifacts, configuration)
+
+    def save_and_restore() -> None:
+        try:
+            _save(artifacts, configuration)
+        finally:
+            restore_env()
+
+    return save_and_restore
+
+
+def _use_inductor_dir(path: Path) -> Callable[[], None]:
+    """Points inductor's on-disk cache at ``path`` for the run, unless the user chose a directory; returns the undo."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    previous = os.environ.get(_INDUCTOR_DIR_ENV)
+    if previous is not None and os.path.abspath(previous) != os.path.abspath(default_cache_dir()):
+        return lambda: None  # set by the user (inductor sets it to its default on first use)
+    os.environ[_INDUCTOR_DIR_ENV] = str(path)
+
+    def undo() -> None:
+        if previous is None:
+            os.environ.pop(_INDUCTOR_DIR_ENV, None)
+        else:
+            os.environ[_INDUCTOR_DIR_ENV] = previous
+
+    return undo
+
+
+def _load(path: Path, configuration: dict[str, Any]) -> None:
+    """Hot-loads the artifacts in ``path`` into torch's caches; warns and does nothing if they do not fit."""
+    if not path.exists():
+        rank_zero_info(f"`use_compile`: no compile cache at {path.parent} yet; this run compiles cold and fills it.")
+        return
+    try:
+        data = path.read_bytes()
+        if not data.startswith(_MAGIC):
+            raise ValueError("not a compile cache file")
+        header, _, payload = data[len(_MAGIC) :].partition(b"\n")
+        saved = json.loads(header)
+        if saved != configuration:
+            changed = sorted(k for k in configuration if saved.get(k) != configuration[k])
+            rank_zero_warn(
+                f"`use_compile`: the compile cache {path} was written for another configuration (it differs in"
+                f" {', '.join(changed)}); compiling cold. It is replaced at the end of this run."
+            )
+            return
+        info = torch.compiler.load_cache_artifacts(payload)
+    except Exception as error:  # a cache must never stop a run
+        rank_zero_warn(f"`use_compile`: the compile cache {path} cannot be read ({error}); compiling cold.")
+        return
+    count = sum(len(keys) for keys in info.artifacts.values()) if info is not None else 0
+    rank_zero_info(f"`use_compile`: loaded {count} compiled artifacts from {path}.")
+
+
+def _save(path: Path, configuration: dict[str, Any]) -> None:
+    """Writes what torch compiled in this process to ``path``, atomically; warns if that fails."""
+    try:
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:
+            return  # the backend produced nothing to cache (for instance "eager")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = json.dumps(configuration, sort_keys=True).encode()
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
+            tmp.write(_MAGIC + header + b"\n" + saved[0])
+        os.replace(tmp.name, path)
+    except Exception as error:
+        rank_zero_warn(f"`use_compile`: could not write the compile cache {path} ({error}); the run is unaffected.")

@@ -1,0 +1,66 @@
+# Copyright The Lightning AI team.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+import os
+import sys
+
+import pytest
+import torch
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.utilities.compile_cache import _load, _parse_cache_dir
+from tests_pytorch.helpers.runif import RunIf
+
+
+def test_compile_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _parse_cache_dir(True) == str(tmp_path / "lightning" / "compile")
+    assert _parse_cache_dir(None) is None
+    assert _parse_cache_dir("relative") == os.path.abspath("relative")
+    with pytest.raises(TypeError, match="must be `True`"):
+        _parse_cache_dir(1)
+
+
+def test_compile_cache_unreadable_file_warns(tmp_path):
+    path = tmp_path / "rank0.bin"
+    path.write_bytes(b"not a cache")
+    with pytest.warns(UserWarning, match="cannot be read.*compiling cold"):
+        _load(path, {})
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="fatal error: 'omp.h' file not found")
+@RunIf(dynamo=True)
+def test_compile_cache_round_trip(tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    trainer_kwargs = {
+        "default_root_dir": tmp_path,
+        "use_compile": {"cache": str(tmp_path / "cache")},
+        "fast_dev_run": True,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+        "enable_progress_bar": False,
+        "accelerator": "cpu",
+    }
+    Trainer(**trainer_kwargs).fit(BoringModel())
+    [folder] = (tmp_path / "cache").iterdir()
+    assert (folder / "rank0.bin").exists()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+    # a new process, as far as the compiler is concerned
+    torch._dynamo.reset()
+    counters.clear()
+    Trainer(**trainer_kwargs).fit(BoringModel())
+    assert counters["aot_autograd"]["autograd_cache_hit"] > 0
