@@ -4,6 +4,7 @@ The children unpickle the Trainer. Its compile connector is an object of this pa
 Lightning itself), so unpickling it imports the package, and the import patches the child's Trainer before it runs.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -66,27 +67,42 @@ SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 {import_line}
+import torch
 from helpers import QUIET, CountingBackend, LoggingModel
-from lightning.pytorch import Trainer
+from lightning.pytorch import Trainer, seed_everything
 
+seed_everything(0)
 backend = CountingBackend("ddp", log_dir={log_dir!r})
-trainer = Trainer(strategy="ddp", use_compile={{"backend": backend}}, max_steps=3, limit_val_batches=1,
-                  **{{**QUIET, "devices": 2}})
-trainer.fit(LoggingModel())
+use_compile = {{"backend": backend}} if {compiled!r} else None
+trainer = Trainer(strategy="ddp", use_compile=use_compile, max_steps=3, limit_val_batches=1, **{{**QUIET, "devices": 2}})
+model = LoggingModel()
+trainer.fit(model)
+if trainer.global_rank == 0:
+    print("WEIGHTS", model.layer.weight.detach().flatten().tolist())
 """
+
+
+def run_ddp_script(tmp_path, compiled):
+    import_line = "import lightning_compile_patch" if TARGET == "package" else ""
+    workdir = tmp_path / ("compiled" if compiled else "eager")
+    workdir.mkdir()
+    script = workdir / "train.py"
+    tests = str(Path(__file__).parent)
+    source = SCRIPT.format(tests=tests, import_line=import_line, log_dir=str(workdir), compiled=compiled)
+    script.write_text(textwrap.dedent(source))
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_PORT")}
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    weights = next(line for line in result.stdout.splitlines() if line.startswith("WEIGHTS "))
+    return json.loads(weights[len("WEIGHTS ") :]), read_rank_events(workdir)
 
 
 def test_ddp_subprocess_launcher_patches_every_rank(tmp_path):
     """`strategy="ddp"` re-runs the script in each rank; the script's own import patches each of them."""
-    import_line = "import lightning_compile_patch" if TARGET == "package" else ""
-    script = tmp_path / "train.py"
-    tests = str(Path(__file__).parent)
-    script.write_text(textwrap.dedent(SCRIPT.format(tests=tests, import_line=import_line, log_dir=str(tmp_path))))
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_PORT")}
-    result = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    events = read_rank_events(tmp_path)
+    eager, _ = run_ddp_script(tmp_path, compiled=False)
+    compiled, events = run_ddp_script(tmp_path, compiled=True)
     assert sorted(events) == ["rank0", "rank1"]
     assert all("calls" in rank_events for rank_events in events.values())
+    torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager))

@@ -20,12 +20,15 @@ import os
 import platform
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+if TYPE_CHECKING:
+    from lightning_compile_patch.config import _CompileConfig
 
 _MAGIC = b"LIGHTNING-COMPILE-CACHE 1\n"
 _INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -80,13 +83,12 @@ def _describe(value: Any) -> Union[str, int, float, bool, list, dict, None]:
     return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
 
 
-def _warm_start(
-    cache_dir: str, trainer: "pl.Trainer", compile_kwargs: dict[str, Any], regions: Any
-) -> Callable[[], None]:
+def _warm_start(config: "_CompileConfig", trainer: "pl.Trainer") -> Callable[[], None]:
     """Loads this configuration's artifacts for this rank, and returns the function that saves them at the end."""
-    configuration = _configuration(trainer, compile_kwargs, regions)
+    assert config.cache is not None
+    configuration = _configuration(trainer, config.compile_kwargs, config.regions)
     key = hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[:16]
-    folder = Path(cache_dir) / f"{type(trainer.lightning_module).__name__}-{key}"
+    folder = Path(config.cache) / f"{type(trainer.lightning_module).__name__}-{key}"
     artifacts = folder / f"rank{trainer.global_rank}.bin"
     restore_env = _use_inductor_dir(folder / "inductor")
     _load(artifacts, configuration)

@@ -8,7 +8,7 @@ data has been prepared and the model has been moved to the device.
 import difflib
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -48,6 +48,24 @@ class _CompileConfig:
         """The backend that will compile the graphs."""
         return self.compile_kwargs.get("backend") or "inductor"
 
+    def describe(self) -> str:
+        """The value as a user would write it, with the defaults left out, for messages."""
+        defaults = _CompileConfig()
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "compile_kwargs"}
+        items = {**self.compile_kwargs, **{k: v for k, v in own.items() if v != getattr(defaults, k)}}
+        return "{" + ", ".join(f"{key!r}: {_short(value)}" for key, value in items.items()) + "}"
+
+
+def _short(value: Any) -> str:
+    """A short ``repr``, naming callables and classes instead of printing them."""
+    if callable(value) and not isinstance(value, type):
+        return getattr(value, "__name__", type(value).__name__)
+    if isinstance(value, type):
+        return value.__name__
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_short(item) for item in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value)
+
 
 def _torch_compile_keys() -> tuple[str, ...]:
     """The keyword arguments :func:`torch.compile` takes in the installed version of PyTorch."""
@@ -85,9 +103,9 @@ def _config_from_mapping(options: Mapping) -> _CompileConfig:
     for key in options:
         if key not in valid_keys:
             raise ValueError(_unknown_key_message(key, torch_keys))
-    compile_kwargs = {key: options[key] for key in torch_keys if key in options}
+    compile_kwargs = {key: value for key, value in options.items() if key in torch_keys}
     _check_compile_kwargs(compile_kwargs)
-    own = {key: options[key] for key in _OWN_KEYS if key in options}
+    own = {key: value for key, value in options.items() if key in _OWN_KEYS}
     if "optimize_ddp" in own:
         own["optimize_ddp"] = _check_choice("optimize_ddp", own["optimize_ddp"], _OPTIMIZE_DDP_CHOICES)
     if "fallback" in own:
@@ -159,6 +177,14 @@ def _check_compile_kwargs(kwargs: dict[str, Any]) -> None:
         _check_mode(kwargs["mode"])
     if kwargs.get("options") is not None:
         _check_options(kwargs["options"], kwargs.get("backend"))
+    try:  # the rest of what torch.compile checks when it is called, such as the types of inductor options
+        torch.compile(_noop, **kwargs)
+    except Exception as error:
+        raise ValueError(f"`Trainer(use_compile=...)`: `torch.compile` rejects these arguments: {error}") from error
+
+
+def _noop() -> None:
+    """What :func:`_check_compile_kwargs` hands to ``torch.compile`` to have the arguments checked."""
 
 
 def _check_backend(backend: Any) -> None:

@@ -74,7 +74,11 @@ class _CompileConnector:
         #: The ``torch.compile`` arguments of the compiled model last passed in, to re-apply after the wrap.
         self._compiled_input: Optional[_CompileConfig] = None
         self._run_config: Optional[_CompileConfig] = None
+        #: How to undo what this run compiled, in the order it was done.
         self._undo: list[Callable[[], None]] = []
+        #: What else to do when the run ends (save the compile cache).
+        self._on_teardown: list[Callable[[], None]] = []
+        self._fell_back = False
         self._report: Optional[_CompileReport] = None
         #: What the compiler did in the last run that compiled anything.
         self.last_summary: Optional[_CompileSummary] = None
@@ -145,7 +149,7 @@ class _CompileConnector:
         strategy = trainer.strategy
         module = trainer.lightning_module
         if config.cache is not None:  # patch: cache
-            self._undo.append(_warm_start(config.cache, trainer, config.compile_kwargs, config.regions))  # patch: cache
+            self._on_teardown.append(_warm_start(config, trainer))  # patch: cache
         report = self._report = _CompileReport(trainer.state.fn.value, type(strategy).__name__, _backend_name(config))
         report.start()
         boundary = _LogBoundary(module)
@@ -159,7 +163,8 @@ class _CompileConnector:
             step_kwargs = {**step_kwargs, "fullgraph": False}  # patch: regions
 
         def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-            return boundary.around(report.timed(torch.compile(fn, **step_kwargs)), original=fn)
+            guarded = self._guarded(torch.compile(fn, **step_kwargs), fn)
+            return boundary.around(report.timed(guarded), original=fn)
 
         if strategy.model is not module:
             # DDP, FSDP: the strategy calls every step through the wrapper's forward, so one compiled call
@@ -172,12 +177,60 @@ class _CompileConnector:
 
     def teardown(self) -> None:
         """Returns every module this run compiled to uncompiled, in the reverse order of compilation."""
-        while self._undo:
-            self._undo.pop()()
+        self._uncompile()
+        while self._on_teardown:
+            self._on_teardown.pop()()
         if self._report is not None:
             self.last_summary = self._report.finish()
             self._report = None
         self._run_config = None
+        self._fell_back = False
+
+    def _uncompile(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def _guarded(self, compiled: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+        """Calls ``compiled``; says which run failed, and with ``fallback="eager"``, runs on without compiling."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if self._fell_back:
+                return original(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit) as error:
+                if self._run_config is None or self._run_config.fallback != "eager":
+                    _undo_forward_redirection(self.trainer.lightning_module)
+                    raise RuntimeError(self._failure_message(error)) from error
+                rank_zero_warn(
+                    f"{self._failure_message(error, fallback=True)} It continues uncompiled (`fallback='eager'`)."
+                )
+                self._fell_back = True
+                self._uncompile()
+                return original(*args, **kwargs)
+            except Exception as error:
+                if hasattr(error, "add_note"):  # Python 3.11+
+                    error.add_note(f"(raised in the {self._describe_run()})")
+                raise
+
+        return run
+
+    def _describe_run(self) -> str:
+        trainer = self.trainer
+        stage = trainer.state.fn.value if trainer.state.fn else "unknown"
+        config = self._run_config.describe() if self._run_config is not None else "{}"
+        return f"{stage} step compiled by `use_compile={config}` under {type(trainer.strategy).__name__}"
+
+    def _failure_message(self, error: BaseException, fallback: bool = False) -> str:
+        first_paragraph = str(error).strip().split("\n\n")[0].replace("\n", " ")
+        reason = f"{type(error).__name__}: {first_paragraph}"
+        message = f"`use_compile` could not compile the {self._describe_run()}: {reason}."
+        if fallback:
+            return message
+        return (
+            f"{message} Every module is left uncompiled. Pass `'fallback': 'eager'` in `use_compile` to continue"
+            " uncompiled with a warning instead, or `use_compile=False` to leave compilation to Lightning."
+        )
 
 
 def _undo_stock_compile(model: "pl.LightningModule") -> None:
@@ -187,6 +240,14 @@ def _undo_stock_compile(model: "pl.LightningModule") -> None:
         method = model.__dict__.get(name)
         if getattr(method, "__self__", None) is model and method.__func__ is getattr(type(model), name, None):
             del model.__dict__[name]  # a bound method of the class: the same as no instance attribute
+
+
+def _undo_forward_redirection(module: "pl.LightningModule") -> None:
+    """Puts back the ``forward`` that Lightning's ``_ForwardRedirection`` replaced, if a compile failure left it."""
+    forward = module.__dict__.get("forward")
+    code = getattr(forward, "__code__", None)
+    if code is not None and code.co_name == "wrapped_forward" and "original_forward" in code.co_freevars:
+        module.forward = forward.__closure__[code.co_freevars.index("original_forward")].cell_contents
 
 
 def _verify_strategy_supports_use_compile(strategy: Strategy) -> None:

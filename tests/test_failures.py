@@ -1,0 +1,118 @@
+"""Failures: a compile error names the stage, the strategy and the config, and loses nothing; `fallback="eager"`."""
+
+import warnings
+
+import pytest
+import torch
+
+from helpers import QUIET, LoggingModel, leftovers
+from lightning.pytorch import Callback, Trainer, seed_everything
+
+
+def exploding_backend(gm, example_inputs):
+    raise RuntimeError("backend exploded")
+
+
+class Boom(LoggingModel):
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 1:
+            raise ValueError("bad batch")
+        return super().training_step(batch, batch_idx)
+
+
+class Interrupted(LoggingModel):
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 1:
+            raise KeyboardInterrupt
+        return super().training_step(batch, batch_idx)
+
+
+def trainer(strategy, use_compile, **kwargs):
+    return Trainer(
+        strategy=strategy, use_compile=use_compile, **{**QUIET, "max_steps": 3, "limit_val_batches": 0, **kwargs}
+    )
+
+
+@pytest.mark.parametrize(("strategy", "strategy_name"), [("auto", "SingleDeviceStrategy"), ("ddp", "DDPStrategy")])
+def test_a_failing_backend_names_stage_strategy_and_config(strategy, strategy_name):
+    model = LoggingModel()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(RuntimeError, match=r"could not compile the fit step compiled by") as error:
+        trainer(strategy, {"backend": exploding_backend, "dynamic": False}).fit(model)
+    message = str(error.value)
+    assert f"under {strategy_name}" in message
+    assert "`use_compile={'backend': exploding_backend, 'dynamic': False}`" in message
+    assert "backend exploded" in message
+    assert "'fallback': 'eager'" in message
+    # nothing was lost or left behind: no step ran, and the model is uncompiled and can be fit again
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert leftovers(model) == []
+    again = trainer(strategy, {"backend": "eager"})
+    again.fit(model)
+    assert again.global_step == 3
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_fallback_eager_warns_once_and_trains_like_eager(strategy):
+    def train(use_compile):
+        seed_everything(0)
+        model = LoggingModel()
+        run = trainer(strategy, use_compile)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run.fit(model)
+        return model, run, caught
+
+    eager, _, _ = train(None)
+    compiled, run, caught = train({"backend": exploding_backend, "fallback": "eager"})
+    fallbacks = [w for w in caught if "continues uncompiled (`fallback='eager'`)" in str(w.message)]
+    assert len(fallbacks) == 1
+    assert run.global_step == 3
+    for ours, theirs in zip(compiled.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs)
+    assert leftovers(compiled) == []
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_an_error_in_the_step_keeps_its_type_and_says_where_it_came_from(strategy):
+    model = Boom()
+    with pytest.raises(ValueError, match="bad batch") as error:
+        trainer(strategy, {"backend": "eager"}).fit(model)
+    notes = getattr(error.value, "__notes__", [])
+    assert any("fit step compiled by `use_compile={'backend': 'eager'}`" in note for note in notes)
+    assert leftovers(model) == []
+
+
+def test_keyboard_interrupt_shuts_down_gracefully_and_uncompiled():
+    model = Interrupted()
+    run = trainer("auto", {"backend": "eager"})
+    with pytest.raises(SystemExit):  # Lightning's graceful shutdown ends with exit(1)
+        run.fit(model)
+    assert run.interrupted
+    assert leftovers(model) == []
+    model.__class__ = LoggingModel  # the same model trains again, compiled
+    again = trainer("auto", {"backend": "eager"})
+    again.fit(model)
+    assert again.global_step == 3
+
+
+class CountSteps(Callback):
+    def __init__(self):
+        self.steps = 0
+
+    def on_train_batch_end(self, *args):
+        self.steps += 1
+
+
+def test_fallback_applies_to_regions_too():
+    from helpers import demo_gpt
+
+    gpt = demo_gpt()
+    model = gpt.GPTModule(gpt.GPTConfig(n_layer=2, n_embd=16, block_size=8, vocab_size=32, samples=32))
+    counter = CountSteps()
+    run = trainer("auto", {"backend": exploding_backend, "regions": "auto", "fallback": "eager"}, callbacks=[counter])
+    with pytest.warns(UserWarning, match="continues uncompiled"):
+        run.fit(model)
+    assert counter.steps == 3
+    assert leftovers(model) == []
+    assert all("forward" not in block.__dict__ for block in model.model.blocks)
