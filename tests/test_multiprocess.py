@@ -74,7 +74,8 @@ from lightning.pytorch import Trainer, seed_everything
 seed_everything(0)
 backend = CountingBackend("ddp", log_dir={log_dir!r})
 use_compile = {{"backend": backend}} if {compiled!r} else None
-trainer = Trainer(strategy="ddp", use_compile=use_compile, max_steps=3, limit_val_batches=1, **{{**QUIET, "devices": 2}})
+options = {{**QUIET, "devices": 2, "max_steps": 3, "limit_val_batches": 1}}
+trainer = Trainer(strategy="ddp", use_compile=use_compile, **options)
 model = LoggingModel()
 trainer.fit(model)
 if trainer.global_rank == 0:
