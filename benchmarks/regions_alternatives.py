@@ -38,7 +38,8 @@ def run_variant(variant: str, layers: int, steps: int) -> dict:
     config = GPTConfig(n_layer=layers, n_embd=128, block_size=64, vocab_size=512, batch_size=8)
     model = GPT(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = (torch.stack(t) for t in zip(*[NextTokenData(config)[i] for i in range(config.batch_size)]))
+    samples = [NextTokenData(config)[i] for i in range(config.batch_size)]
+    x, y = (torch.stack(t) for t in zip(*samples, strict=True))
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = model(x)
