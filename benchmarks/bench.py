@@ -208,8 +208,9 @@ def run_all(runs: list[Run], workdir: Path, report: Any) -> list[dict[str, Any]]
     """Runs each process in turn; after each one, ``report`` rewrites the result files (so partial runs survive)."""
     results: list[dict[str, Any]] = []
     for i, run in enumerate(runs):
-        label = f"{run.strategy}/{run.spec.name}"
-        print(f"[{i + 1}/{len(runs)}] {label}: {describe_run(run)}", flush=True)
+        print(f"[{i + 1}/{len(runs)}] {describe_run(run)}", flush=True)
+        if run.spec.name == "cache_cold" and run.cache_dir and run.cache_dir.exists() and any(run.cache_dir.iterdir()):
+            raise RuntimeError(f"the compile cache {run.cache_dir} must start empty for a cold run: use a new workdir")
         started = time.perf_counter()
         result = run_fresh(
             run.spec, workdir / run.strategy / run.spec.name, fresh_inductor_cache=run.fresh_inductor_cache
@@ -308,6 +309,8 @@ def markdown(data: dict[str, Any]) -> str:
         + ("`torch.cuda.max_memory_allocated`." if mode == "cuda" else "peak RSS of the process (`ru_maxrss`).")
         + ("" if data.get("complete") else "\n\n**Incomplete: the run was interrupted; these are the paths so far.**"),
     ]
+    if data.get("notes"):
+        parts.append("Notes:\n\n" + "\n".join(f"* {note}" for note in data["notes"]))
     names = {"auto": 'Single device (`strategy="auto"`, devices=1)', "ddp": 'DDP, world size 1 (`strategy="ddp"`)'}
     for strategy in strategies:
         rows = [_row(r) for r in results if r["strategy"] == strategy] + [_row(r) for r in plain]
@@ -336,21 +339,28 @@ def chart(data: dict[str, Any], path: Path) -> Optional[str]:
     names = list(dict.fromkeys(r["name"] for r in ok))
     groups = list(dict.fromkeys(r["strategy"] for r in ok))
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    colors = {group: f"C{i}" for i, group in enumerate(groups)}
     width = 0.8 / max(len(groups), 1)
     for axis, key, label in (
         (axes[0], "steady_step_ms", "steady step (ms, lower is better)"),
         (axes[1], "first_step_s", "first step, cold (s, lower is better)"),
     ):
-        for j, group in enumerate(groups):
-            values = {r["name"]: r[key] for r in ok if r["strategy"] == group}
-            xs = [i + j * width for i, n in enumerate(names) if n in values]
-            axis.bar(xs, [values[n] for n in names if n in values], width, label=group)
-        axis.set_xticks([i + width * (len(groups) - 1) / 2 for i in range(len(names))])
+        values = {(r["strategy"], r["name"]): r[key] for r in ok}
+        for i, name in enumerate(names):
+            present = [g for g in groups if (g, name) in values]
+            for k, group in enumerate(present):  # the bars of one path, centred on its tick
+                x = i + (k - (len(present) - 1) / 2) * width
+                axis.bar(x, values[(group, name)], width, color=colors[group], label=group)
+        axis.set_xticks(range(len(names)))
         axis.set_xticklabels(names, rotation=30, ha="right")
         axis.set_title(label)
-        axis.legend(title="strategy")
-    fig.suptitle(f"demo GPT, {data['mode']} mode ({data['machine'].get('gpu') or data['machine']['cpu']})")
-    fig.tight_layout()
+    fig.suptitle(
+        f"demo GPT, {data['mode']} mode ({data['machine'].get('gpu') or data['machine']['cpu']})", x=0.02, ha="left"
+    )
+    handles, labels = axes[0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    fig.legend(unique.values(), unique.keys(), title="strategy", loc="upper right", ncol=len(unique))
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path.name
@@ -368,6 +378,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where to write MODE.json/.md/.png")
     parser.add_argument("--workdir", type=Path, help="keep each process's log, spec and caches here")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
+    parser.add_argument("--note", action="append", default=[], help="a line for the report's notes (repeatable)")
+    parser.add_argument(
+        "--render", type=Path, help="rewrite the .md (and .png) of an existing MODE.json (with --note: add notes)"
+    )
     args = parser.parse_args(argv)
     mode = MODES["smoke" if args.smoke else args.mode]
     args.paths = _subset(args.paths, PATHS, mode.paths, "--paths")
@@ -393,8 +407,25 @@ def _subset(text: Optional[str], valid: Sequence[str], default: Sequence[str], o
     return chosen
 
 
+def render(path: Path, notes: Sequence[str]) -> None:
+    """Rewrites the report and chart of a finished run from its JSON, e.g. one copied back from another machine."""
+    import json
+
+    data = json.loads(path.read_text())
+    data["notes"] = [*data.get("notes", []), *notes]
+    ratios(data["results"])
+    data["png"] = chart(data, path.with_suffix(".png"))
+    write_report(path.parent, data["stem"], data, markdown(data))
+    print(f"rewrote {path.with_suffix('.md')}")
+    if path.parent.resolve() == RESULTS_DIR.resolve():
+        print(f"updated {update_index()}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        render(args.render, args.note)
+        return 0
     mode: Mode = args.mode_spec
     stem = mode.name
     started = time.perf_counter()
@@ -423,6 +454,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "command": command_line(argv),
             "machine": machine_info(),
             "date": now(),
+            "notes": list(args.note),
         }
 
         def report(results: list[dict[str, Any]], complete: bool) -> None:

@@ -23,15 +23,18 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor
+#: What this process was given, before torch or the package could set it: a fresh directory, or nothing.
+INDUCTOR_DIR_AT_START = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import Tensor  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lightning_compile_patch  # noqa: F401  (patches the Trainer: `use_compile`)
-from common import INTENTIONAL_BREAKS, RunSpec
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning_compile_patch.demos.gpt import GPT, GPTConfig, GPTModule, NextTokenData
+import lightning_compile_patch  # noqa: E402, F401  (patches the Trainer: `use_compile`)
+from common import INTENTIONAL_BREAKS, RunSpec  # noqa: E402
+from lightning.pytorch import Callback, LightningModule, Trainer  # noqa: E402
+from lightning_compile_patch.demos.gpt import GPT, GPTConfig, GPTModule, NextTokenData, parameter_count  # noqa: E402
 
 
 class LogOutsideStepGPT(GPTModule):
@@ -57,6 +60,7 @@ class StepTimer(Callback):
         self.steps: list[float] = []
         self.backward: list[float] = []
         self.strategy_model = ""
+        self.ddp_buckets: dict[str, Any] = {}
 
     def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
         self.strategy_model = type(trainer.strategy.model).__name__
@@ -74,6 +78,20 @@ class StepTimer(Callback):
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
         self.synchronize()
         self.steps.append(time.perf_counter() - self._step_start)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """DDP's own buckets (after its rebuild in the first iteration), while the strategy still holds DDP."""
+        model = trainer.strategy.model
+        logging_data = getattr(model, "_get_ddp_logging_data", None)
+        if logging_data is None:
+            return
+        data = logging_data()
+        self.ddp_buckets = {key: data.get(key) for key in ("bucket_cap_bytes", "has_rebuilt_buckets")}
+        try:  # the reducer's buckets as they are now; the logging data keeps the ones DDP was built with
+            buckets = model.reducer._get_zeros_like_grad_buckets()
+            self.ddp_buckets["bucket_bytes"] = [bucket.buffer().numel() * 4 for bucket in buckets]
+        except (AttributeError, RuntimeError) as error:  # a private API: record why it is missing
+            self.ddp_buckets["bucket_bytes_error"] = repr(error)
 
 
 def _synchronizer(device: torch.device) -> Callable[[], None]:
@@ -119,7 +137,21 @@ def _dynamo_stats() -> dict[str, Any]:
         "graph_break_reasons_intentional": {reason[:200]: n for reason, n in intentional.items()},
         "frames_compiled": len(metrics),
         "compile_s": compile_s,
+        # cache hits and misses: a warm start shows hits and no misses
+        "compiler_cache_counters": {
+            f"{group}.{name}": n
+            for group in ("inductor", "aot_autograd")
+            for name, n in counters[group].items()
+            if "cache" in name
+        },
     }
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    """Starts CUDA's peak count now (the allocator must exist first: an allocation creates it)."""
+    if device.type == "cuda":
+        torch.empty(1, device=device)
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def _peak_memory(device: torch.device) -> dict[str, Any]:
@@ -175,8 +207,7 @@ def run_lightning(spec: RunSpec) -> Optional[dict[str, Any]]:
         enable_model_summary=False,
     )
     model = torch.compile(module, backend=spec.compile_backend) if spec.compile_input else module
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    _reset_peak_memory(device)
     started = time.perf_counter()
     trainer.fit(model)
     fit_s = time.perf_counter() - started
@@ -185,9 +216,10 @@ def run_lightning(spec: RunSpec) -> Optional[dict[str, Any]]:
     summary = trainer._compile_connector.last_summary
     ddp_reducer: dict[str, Any] = {}
     if spec.strategy == "ddp":
-        ddp_reducer = {"ddp_bucket_cap_mb": spec.bucket_cap_mb or 25.0}
+        ddp_reducer = {"ddp_bucket_cap_mb": spec.bucket_cap_mb or 25.0, "ddp_reducer_buckets": timer.ddp_buckets}
     return {
         "world_size": trainer.world_size,
+        "parameters": parameter_count(module),
         "fit_s": fit_s,
         "final_loss": _final_loss(trainer),
         "strategy_model": timer.strategy_model,
@@ -230,8 +262,7 @@ def run_plain_loop(spec: RunSpec) -> dict[str, Any]:
     else:
         raise ValueError(f"the plain loop has no equivalent of precision={spec.precision!r}")
     synchronize = _synchronizer(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    _reset_peak_memory(device)
     steps: list[float] = []
     backward: list[float] = []
     loss = torch.zeros(())
@@ -255,6 +286,7 @@ def run_plain_loop(spec: RunSpec) -> dict[str, Any]:
         steps.append(time.perf_counter() - step_start)
     return {
         "world_size": 1,
+        "parameters": parameter_count(model),
         "fit_s": time.perf_counter() - started,
         "final_loss": float(loss),
         "strategy_model": type(compiled_model).__name__,
@@ -318,7 +350,13 @@ def main(spec_file: str, result_file: str) -> int:
         torch.set_num_threads(spec.threads)
     if spec.matmul_precision:
         torch.set_float32_matmul_precision(spec.matmul_precision)
-    base = {"name": spec.name, "spec": json.loads(spec.to_json()), "pid": os.getpid()}
+    base = {
+        "name": spec.name,
+        "spec": json.loads(spec.to_json()),
+        "pid": os.getpid(),
+        "inductor_dir_at_start": INDUCTOR_DIR_AT_START,
+        "load_average_at_start": os.getloadavg()[0],
+    }
     try:
         result = RUNNERS[spec.kind](spec)
     except Exception as error:

@@ -32,6 +32,9 @@ QUIET = {
 }
 #: Markers that a Dynamo graph break is one torch makes on purpose, at DDP's inner module call.
 DDP_BOUNDARY = "_inside_ddp_forward"
+#: Markers of every graph break in DDP's own code: the boundary, and its C++ reducer and logger (torch 2.14 traces
+#: DDP's forward and breaks at them).
+DDP_BREAKS = (DDP_BOUNDARY, "of class `Reducer`", "of class `Logger`")
 
 
 class LoggingModel(BoringModel):
@@ -119,7 +122,7 @@ class DynamoStats:
 
     @property
     def unintended_breaks(self) -> int:
-        return sum(n for reason, n in self.graph_breaks.items() if DDP_BOUNDARY not in reason)
+        return sum(n for reason, n in self.graph_breaks.items() if not any(m in reason for m in DDP_BREAKS))
 
 
 def dynamo_stats() -> DynamoStats:

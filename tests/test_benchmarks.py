@@ -52,7 +52,8 @@ def test_bench_smoke_runs_every_path_in_a_fresh_process_and_reports_it(tmp_path)
         assert runs[name]["inductor_dir_at_start"] is None  # the package points inductor at the cache dir itself
     for name in set(REQUIRED) - {"cache_cold", "cache_warm"}:
         assert runs[name]["inductor_dir_at_start"].startswith(str(tmp_path / "work"))
-    assert not parent_cache.exists()
+    # importing lightning in bench.py itself may create the directory, but nothing may be written into it
+    assert not parent_cache.exists() or not any(parent_cache.iterdir())
 
     assert runs["eager"]["graphs"] == 0
     for name in COMPILED:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import QUIET, lightning_side
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 
 TESTS = Path(__file__).parent
 
@@ -117,11 +117,27 @@ def test_bad_cache_values_fail_at_construction(cache):
 
 
 def test_the_run_leaves_torchinductor_cache_dir_as_it_was(tmp_path, monkeypatch):
+    """The cache points inductor at its own folder during the run only; a directory the user chose is kept."""
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    Trainer(use_compile={"backend": "eager", "cache": str(tmp_path)}, max_steps=1, **QUIET).fit(BoringModel())
-    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    seen = []
+
+    class Probe(Callback):
+        def on_train_start(self, *args):
+            seen.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+
+    trainer = Trainer(
+        use_compile={"backend": "eager", "cache": str(tmp_path)}, max_steps=1, callbacks=[Probe()], **QUIET
+    )
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # torch sets its default when torch.compile is first called
+    trainer.fit(BoringModel())
+    assert seen[-1].startswith(str(tmp_path))
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
-    Trainer(use_compile={"backend": "eager", "cache": str(tmp_path)}, max_steps=1, **QUIET).fit(BoringModel())
+    trainer = Trainer(
+        use_compile={"backend": "eager", "cache": str(tmp_path)}, max_steps=1, callbacks=[Probe()], **QUIET
+    )
+    trainer.fit(BoringModel())
+    assert seen[-1] == str(tmp_path / "mine")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")

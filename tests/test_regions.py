@@ -83,11 +83,52 @@ def test_partial_batches_recompile_once_not_per_block():
     assert dynamo_stats().max_entries_per_code <= 4
 
 
-def test_the_rest_of_the_step_is_compiled_too():
-    fit(small_gpt(), "auto", limit_val_batches=0)
+class RestProbe(Callback):
+    """Records, at the first training batch, which modules around the blocks run as compiled regions."""
+
+    def on_train_batch_start(self, trainer, pl_module, *args):
+        if not hasattr(self, "compiled"):
+            model = pl_module.model
+            self.compiled = {
+                name: "forward" in getattr(model, name).__dict__ for name in ("wte", "wpe", "ln_f", "head")
+            }
+
+
+def test_the_rest_of_the_model_and_step_is_compiled_too():
+    """Embeddings, final norm and head run as regions of their own; the loss runs in the compiled step."""
+    probe = RestProbe()
+    model = small_gpt()
+    trainer = Trainer(
+        use_compile={**EAGER, "regions": "auto"}, max_steps=2, limit_val_batches=0, callbacks=[probe], **QUIET
+    )
+    trainer.fit(model)
+    assert probe.compiled == {"wte": True, "wpe": True, "ln_f": True, "head": True}
+    assert leftovers(model) == []
     frames = {m.co_name: m.graph_op_count or 0 for m in get_compilation_metrics()}
     loss_frames = [name for name, ops in frames.items() if "resume_in__loss" in name and ops]
     assert loss_frames, frames  # the cross entropy after the model call runs compiled
+
+
+def test_rest_of_model_is_found_under_the_module_that_owns_the_blocks():
+    regions = lightning_side("regions")
+
+    class NanoGPT(nn.Module):  # nanoGPT's layout: the blocks sit in a ModuleDict next to the embeddings
+        def __init__(self):
+            super().__init__()
+            self.transformer = nn.ModuleDict(
+                {
+                    "wte": nn.Embedding(8, 4),
+                    "h": nn.ModuleList([nn.Linear(4, 4) for _ in range(3)]),
+                    "ln_f": nn.LayerNorm(4),
+                }
+            )
+            self.lm_head = nn.Linear(4, 8)
+            self.criterion = nn.CrossEntropyLoss()  # no parameters: nothing to compile
+
+    model = NanoGPT()
+    blocks = regions._find_regions(model, "auto")
+    assert sorted(blocks) == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
+    assert sorted(regions._rest_of_model(model, blocks)) == ["lm_head", "transformer.ln_f", "transformer.wte"]
 
 
 def test_region_boundaries_count_as_intended_breaks():

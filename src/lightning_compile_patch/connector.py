@@ -41,7 +41,7 @@ from lightning_compile_patch.config import (
     _parse_use_compile,
 )
 from lightning_compile_patch.log_boundary import _LogBoundary
-from lightning_compile_patch.regions import _compile_regions, _find_regions  # patch: regions
+from lightning_compile_patch.regions import _compile_regions, _find_regions, _rest_of_model  # patch: regions
 from lightning_compile_patch.report import _CompileReport, _CompileSummary
 
 #: The LightningModule methods each stage calls through the strategy.
@@ -159,7 +159,9 @@ class _CompileConnector:
         step_kwargs = config.compile_kwargs
         if config.regions is not None:  # patch: regions
             blocks = _find_regions(module, config.regions)  # patch: regions
-            self._undo.append(_compile_regions(blocks, config.compile_kwargs))  # patch: regions
+            self._undo.append(_compile_regions(blocks, config.compile_kwargs, shared=True))  # patch: regions
+            rest = _rest_of_model(module, blocks)  # patch: regions
+            self._undo.append(_compile_regions(rest, config.compile_kwargs, shared=False))  # patch: regions
             step_kwargs = {**step_kwargs, "fullgraph": False}  # patch: regions
 
         def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -167,8 +169,8 @@ class _CompileConnector:
             return boundary.around(report.timed(guarded), original=fn)
 
         if strategy.model is not module:
-            # DDP, FSDP: the strategy calls every step through the wrapper's forward, so one compiled call
-            # covers the step, the loss and the wrapper's own pre- and post-forward
+            # DDP, FSDP: the strategy calls every step through the wrapper's forward, so one compiled call starts at
+            # the wrapper's own forward and covers the step and the loss
             self._undo.append(_replace_module_call(strategy.model, compiled))
             return
         # no wrapper (single device, or every stage but fit): the strategy calls the step methods directly
@@ -187,6 +189,7 @@ class _CompileConnector:
         self._fell_back = False
 
     def _uncompile(self) -> None:
+        """Undoes what this run compiled, latest first."""
         while self._undo:
             self._undo.pop()()
 
@@ -216,12 +219,14 @@ class _CompileConnector:
         return run
 
     def _describe_run(self) -> str:
+        """The stage, the config and the strategy of this run, for messages."""
         trainer = self.trainer
         stage = trainer.state.fn.value if trainer.state.fn else "unknown"
         config = self._run_config.describe() if self._run_config is not None else "{}"
         return f"{stage} step compiled by `use_compile={config}` under {type(trainer.strategy).__name__}"
 
     def _failure_message(self, error: BaseException, fallback: bool = False) -> str:
+        """What failed, where, and (unless falling back) what to do about it."""
         first_paragraph = str(error).strip().split("\n\n")[0].replace("\n", " ")
         reason = f"{type(error).__name__}: {first_paragraph}"
         message = f"`use_compile` could not compile the {self._describe_run()}: {reason}."

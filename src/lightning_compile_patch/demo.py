@@ -98,9 +98,7 @@ def _table(results: list[dict[str, Any]]) -> str:
             f"| {r['name']} | {r['strategy_model']} | {r['first_step_s']:.1f} s | {r['steady_step_ms']:.1f} ms"
             f" | {ratio:.2f}x | {r['final_loss']:.4f} | {r['graphs']} | {r['graph_breaks']} |"
         )
-    lines.append(
-        "\n*graph breaks besides the intended ones: DDP's inner module call (torch's choice), region boundaries"
-    )
+    lines.append("\n*graph breaks besides the expected ones: in DDP's own code (torch's choice), at region boundaries")
     return "\n".join(lines)
 
 

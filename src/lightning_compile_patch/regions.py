@@ -99,28 +99,69 @@ def _find_regions(module: nn.Module, regions: Union[str, tuple[Union[type, str],
     )
 
 
-def _region_compile_kwargs(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The ``torch.compile`` arguments for the blocks: the run's, with static shapes unless ``dynamic`` was given.
+def _rest_of_model(module: nn.Module, blocks: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """The parts of the model that run between the blocks, by name, to compile as regions of their own.
 
-    Static shapes are the default for blocks, as in torchtitan: a new input shape (the last, partial batch) compiles
-    the block once more, and the entry serves every block, since they share their code; nothing recompiles per block.
+    The model's ``forward`` that loops over the blocks cannot be compiled around them (Dynamo does not resume a graph
+    inside a loop), so what it calls besides the blocks (embeddings, final norm, head) would run eagerly. These are
+    the largest submodules with parameters that neither are, hold nor sit inside a block, found under the module that
+    owns the blocks (the nearest ancestor of a block container that is not itself a container).
     """
-    return {"dynamic": False, **compile_kwargs}
+    owners = {_owner(module, name) for name in blocks}
+    rest: dict[str, nn.Module] = {}
+    for name, submodule in module.named_modules():
+        if not name or any(_within(name, block) or _within(block, name) for block in blocks):
+            continue  # a block, inside one, or holding one
+        if not any(owner == "" or _within(name, owner) for owner in owners):
+            continue  # not part of the model the blocks belong to (metrics, a loss module of the LightningModule)
+        if any(_within(name, chosen) for chosen in rest) or next(submodule.parameters(), None) is None:
+            continue
+        rest[name] = submodule
+    return rest
 
 
-def _compile_regions(blocks: dict[str, nn.Module], compile_kwargs: dict[str, Any]) -> Callable[[], None]:
-    """Compiles each block in place, as a call the surrounding compiled step does not trace into; returns the undo."""
-    kwargs = _region_compile_kwargs(compile_kwargs)
-    shadowed = {name: block.__dict__.get("forward", _MISSING) for name, block in blocks.items()}
-    for block in blocks.values():
-        block.forward = _region_boundary(torch.compile(block.forward, **kwargs), block.forward)
+def _within(name: str, ancestor: str) -> bool:
+    """Whether the module called ``name`` is ``ancestor`` or inside it."""
+    return name == ancestor or name.startswith(f"{ancestor}.")
+
+
+def _owner(module: nn.Module, block: str) -> str:
+    """The name of the module whose ``forward`` calls the block: its first ancestor that is not a container."""
+    name = block.rpartition(".")[0]
+    while name and isinstance(module.get_submodule(name), (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _region_compile_kwargs(compile_kwargs: dict[str, Any], shared: bool) -> dict[str, Any]:
+    """The ``torch.compile`` arguments for a region: the run's, with static shapes unless ``dynamic`` was given.
+
+    Static shapes are the default for regions, as in torchtitan: a new input shape (the last, partial batch) compiles
+    a block once more, and that entry serves every block, since they share their code; nothing recompiles per block.
+    Regions that do not share one graph (``shared=False``: the rest of the model, whose modules of ``torch.nn`` all
+    run through the same wrapper code in Dynamo) keep their compiled entries apart, so that they do not add up to
+    Dynamo's recompile limit together.
+    """
+    kwargs = {"dynamic": False, **compile_kwargs}
+    return kwargs if shared else {**kwargs, "isolate_recompiles": True}
+
+
+def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, Any], shared: bool) -> Callable[[], None]:
+    """Compiles each region in place, as a call the surrounding compiled step does not trace into; returns the undo.
+
+    ``shared``: the regions are repeated blocks, which share one compiled graph.
+    """
+    kwargs = _region_compile_kwargs(compile_kwargs, shared)
+    shadowed = {name: region.__dict__.get("forward", _MISSING) for name, region in regions.items()}
+    for region in regions.values():
+        region.forward = _region_boundary(torch.compile(region.forward, **kwargs), region.forward)
 
     def undo() -> None:
-        for name, block in blocks.items():
+        for name, region in regions.items():
             if shadowed[name] is _MISSING:
-                block.__dict__.pop("forward", None)
+                region.__dict__.pop("forward", None)
             else:
-                block.forward = shadowed[name]
+                region.forward = shadowed[name]
 
     return undo
 

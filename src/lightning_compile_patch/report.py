@@ -17,10 +17,13 @@ from torch._dynamo.utils import counters, get_compilation_metrics
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-#: Graph breaks made on purpose: DDP runs its inner module call outside the outer graph (torch's choice), and each
-#: compiled region is called from the step as an opaque function.
-_INTENTIONAL_BREAKS = (
+#: Graph breaks that are expected: torch runs DDP's inner module call outside the outer graph on purpose
+#: (`_inside_ddp_forward`), DDP's C++ reducer and logger cannot be traced (torch 2.14 traces DDP's forward and breaks
+#: at them), and each compiled region is called from the step as an opaque function.
+_EXPECTED_BREAKS = (
     "_inside_ddp_forward",
+    "of class `Reducer`",
+    "of class `Logger`",
     "compiled_region",  # patch: regions
 )
 _RECOMPILE_LIMIT_LOGGER = "torch._dynamo.convert_frame"
@@ -42,7 +45,7 @@ class _CompileSummary:
         """The one summary line."""
         breaks = _count(self.graph_breaks, "graph break")
         if self.intentional_breaks:
-            breaks += f" ({self.intentional_breaks} intended: DDP's inner call, region boundaries)"
+            breaks += f" ({self.intentional_breaks} expected: in DDP's own code, at region boundaries)"
         hits = f", {_count(len(self.recompile_limit_hits), 'recompile-limit hit')}" if self.recompile_limit_hits else ""
         return (
             f"`use_compile` ({self.stage}, {strategy}, {backend}): {_count(self.graphs, 'graph')},"
@@ -138,7 +141,7 @@ class _CompileReport:
         for reason, count in counters["graph_break"].items():
             new = count - self._breaks_before.get(reason, 0)
             summary.graph_breaks += new
-            if any(marker in reason for marker in _INTENTIONAL_BREAKS):
+            if any(marker in reason for marker in _EXPECTED_BREAKS):
                 summary.intentional_breaks += new
         for metrics in get_compilation_metrics():
             if (metrics.start_time_us or 0) < self._start_us:

@@ -1,0 +1,150 @@
+"""Cold start of whole-model against regional compilation, as the model gets deeper.
+
+    python benchmarks/regions_depth.py                     # depths 6, 12, 24 on the CPU
+    python benchmarks/regions_depth.py --depths 2,4 --steps 4 --out /tmp/x
+
+For each depth, ``Trainer(use_compile=True)`` and ``Trainer(use_compile={"regions": "auto"})`` train the demo GPT
+(narrow, so that it is feasible on a CPU) on one device, each in a fresh process with a fresh, empty inductor cache.
+Whole-model compilation traces and compiles every block inside one graph; regional compilation compiles one block and
+reuses it, so its cold first step should grow much more slowly with depth.
+
+Writes ``regions_depth.json`` and ``regions_depth.md`` into ``--out`` (default ``docs/benchmarks/``).
+
+"""
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (
+    RESULTS_DIR,
+    RunSpec,
+    command_line,
+    fmt,
+    machine_info,
+    markdown_table,
+    now,
+    ratio,
+    report_header,
+    run_fresh,
+    update_index,
+    write_report,
+)
+
+MODEL = {"n_head": 4, "n_embd": 64, "block_size": 64, "vocab_size": 256, "batch_size": 8}
+PATHS = {"whole": True, "regional": {"regions": "auto"}}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    rows = []
+    for depth in data["depths"]:
+        whole = data["results"].get(f"whole-{depth}", {})
+        regional = data["results"].get(f"regional-{depth}", {})
+
+        def get(r: dict[str, Any], key: str) -> Optional[float]:
+            return r.get(key) if r.get("status") == "ok" else None
+
+        rows.append(
+            [
+                depth,
+                fmt((get(whole, "parameters") or get(regional, "parameters") or 0) / 1e6, ".2f", "M"),
+                fmt(get(whole, "first_step_s"), ".1f", " s") if whole.get("status") == "ok" else "failed",
+                fmt(get(regional, "first_step_s"), ".1f", " s") if regional.get("status") == "ok" else "failed",
+                fmt(ratio(get(whole, "first_step_s"), get(regional, "first_step_s")), ".2f", "x"),
+                fmt(get(whole, "steady_step_ms"), ".1f", " ms"),
+                fmt(get(regional, "steady_step_ms"), ".1f", " ms"),
+                fmt(ratio(get(regional, "steady_step_ms"), get(whole, "steady_step_ms")), ".2f", "x"),
+                f"{get(whole, 'graphs')} / {get(regional, 'graphs')}",
+                f"{get(whole, 'graph_breaks_other')} / {get(regional, 'graph_breaks_other')}",
+                f"{get(whole, 'recompiles')} / {get(regional, 'recompiles')}",
+            ]
+        )
+    headers = (
+        "depth",
+        "params",
+        "first step, whole",
+        "first step, regional",
+        "first step whole / regional",
+        "steady, whole",
+        "steady, regional",
+        "steady regional / whole",
+        "graphs (w / r)",
+        "other breaks (w / r)",
+        "recompiles (w / r)",
+    )
+    model = ", ".join(f"{k} {v}" for k, v in MODEL.items())
+    return "\n\n".join(
+        [
+            report_header("Regional against whole-model compilation, by depth", data),
+            f'The demo GPT ({model}), fp32, one device (`strategy="auto"`), backend inductor, {data["steps"]} steps,'
+            f" steady step = median after the first {data['warmup']}, {data['threads']} torch thread(s) per process."
+            ' Whole: `Trainer(use_compile=True)`; regional: `Trainer(use_compile={"regions": "auto"})`. Each run in a'
+            " fresh process with an empty inductor cache, so the first step is a cold compile. Ratios: first step"
+            " whole / regional above 1 means regional starts faster; steady regional / whole above 1 means regional"
+            " steps are slower.",
+            markdown_table(headers, rows),
+        ]
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depths", default="6,12,24", help="comma-separated n_layer values")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (0: torch's default)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    depths = [int(d) for d in args.depths.split(",")]
+    data: dict[str, Any] = {
+        "benchmark": "regions_depth",
+        "stem": "regions_depth",
+        "model": MODEL,
+        "depths": depths,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "threads": args.threads or None,
+        "command": command_line(argv),
+        "machine": machine_info(),
+        "date": now(),
+        "results": {},
+    }
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="lcp-regions-") as tmp:
+        for depth in depths:
+            for path, use_compile in PATHS.items():
+                key = f"{path}-{depth}"
+                spec = RunSpec(
+                    name=key,
+                    model={**MODEL, "n_layer": depth},
+                    steps=args.steps,
+                    warmup=args.warmup,
+                    use_compile=use_compile,
+                    threads=args.threads or None,
+                )
+                print(f"{key}: {args.steps} steps in a fresh process", flush=True)
+                result = run_fresh(spec, Path(tmp) / key)
+                data["results"][key] = result
+                if result["status"] == "ok":
+                    print(
+                        f"    first step {result['first_step_s']:.1f} s, steady {result['steady_step_ms']:.1f} ms",
+                        flush=True,
+                    )
+                else:
+                    print(f"    FAILED: {result['error'][:300]}", flush=True)
+                data["total_s"] = time.perf_counter() - started
+                write_report(args.out, "regions_depth", data, markdown(data))
+    print()
+    print(markdown(data))
+    if args.out.resolve() == RESULTS_DIR.resolve():
+        print(f"updated {update_index()}")
+    return 0 if all(r["status"] == "ok" for r in data["results"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
