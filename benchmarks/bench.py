@@ -225,7 +225,7 @@ def run_all(runs: list[Run], workdir: Path, report: Any) -> list[dict[str, Any]]
             print(
                 f"    first step {result['first_step_s']:.2f} s, steady {fmt(result['steady_step_ms'])} ms,"
                 f" {result['graphs']} graphs, {result['recompiles']} recompiles, breaks"
-                f" {result['graph_breaks_other']} other + {result['graph_breaks_intentional']} intended"
+                f" {result['graph_breaks_other']} other + {result['graph_breaks_intentional']} expected"
                 f" ({time.perf_counter() - started:.0f} s)",
                 flush=True,
             )
@@ -261,7 +261,7 @@ HEADERS = (
     "graphs",
     "recompiles",
     "breaks (other)",
-    "breaks (intended)",
+    "breaks (expected)",
     "steady vs stock",
     "steady vs plain loop",
     "first step vs whole",
@@ -277,7 +277,8 @@ def _row(r: dict[str, Any]) -> list[str]:
     name = f"`{r['name']}`" + (" (no strategy)" if r["strategy"] == PLAIN_LOOP_STRATEGY else "")
     other = str(r["graph_breaks_other"])
     if summary and summary.get("graph_breaks") is not None:
-        other += f" ({summary['graph_breaks'] - summary['intentional_breaks']})"
+        expected = summary.get("expected_breaks", summary.get("intentional_breaks", 0))  # older JSON: intentional
+        other += f" ({summary['graph_breaks'] - expected})"
     return [
         name,
         fmt(r["first_step_s"], ".2f", " s"),
@@ -319,8 +320,8 @@ def markdown(data: dict[str, Any]) -> str:
         parts.append("## Plain loop\n\n" + markdown_table(HEADERS, [_row(r) for r in plain]))
     parts.append(
         "Columns: *first step* is the whole first optimizer step, compile included (cold: empty inductor cache;"
-        " `cache_warm` reads what `cache_cold` wrote). *breaks (other)* are graph breaks that are neither torch's"
-        " intended one at DDP's inner call (`_inside_ddp_forward`) nor our region boundaries (`compiled_region`), from"
+        " `cache_warm` reads what `cache_cold` wrote). *breaks (other)* are graph breaks that are not expected ones"
+        " (in DDP's own code, such as its inner call `_inside_ddp_forward`, or at our region boundaries), from"
         " `torch._dynamo.utils.counters`; in brackets, the same count from `trainer._compile_connector.last_summary`."
         " *recompiles*: compilation records with `cache_size > 0`. Ratios below 1 are faster. `stock` logs after the"
         " step (stock Lightning cannot compile a step that calls `self.log` on torch 2.13, see `stock_logging`)."

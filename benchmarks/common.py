@@ -10,6 +10,7 @@ This module imports neither torch nor Lightning at the top, so that ``--dry-run`
 """
 
 import dataclasses
+import importlib
 import json
 import os
 import platform
@@ -33,8 +34,8 @@ WORKER = BENCH_DIR / "worker.py"
 
 #: Environment variables that point torch's compilers at an on-disk cache. A fresh process gets none of the parent's.
 CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-#: Markers of graph breaks made on purpose: DDP's inner module call (torch's choice) and our compiled regions.
-INTENTIONAL_BREAKS = ("_inside_ddp_forward", "compiled_region")
+#: Markers of expected graph breaks (in DDP's own code, at region boundaries): the package's own list.
+EXPECTED_BREAKS = importlib.import_module("lightning_compile_patch.report")._EXPECTED_BREAKS
 
 
 @dataclass
@@ -273,8 +274,8 @@ def pyplot() -> Any:
     return plt
 
 
-#: The reports ``docs/benchmarks.md`` embeds, in this order, when their JSON exists.
-_INDEX_ORDER = ("cuda", "cpu", "regions_depth", "optimize_ddp", "zero_cost", "smoke")
+#: The reports ``docs/benchmarks.md`` embeds, in this order, when they exist (``summary.md`` is written by hand).
+_INDEX_ORDER = ("summary", "cuda", "regions_gpu_probe", "cpu", "regions_depth", "optimize_ddp", "zero_cost", "smoke")
 _INDEX_INTRO = """\
 # Benchmarks
 
@@ -306,7 +307,7 @@ def update_index(results_dir: Path = RESULTS_DIR, index: Path = INDEX) -> Path:
     sections = []
     for stem in _INDEX_ORDER:
         md = results_dir / f"{stem}.md"
-        if not (results_dir / f"{stem}.json").exists() or not md.exists():
+        if not md.exists():
             continue
         body = md.read_text()
         body = re.sub(r"^(#+) ", r"#\1 ", body, flags=re.MULTILINE)  # one level down

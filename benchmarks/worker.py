@@ -32,7 +32,7 @@ from torch import Tensor  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lightning_compile_patch  # noqa: E402, F401  (patches the Trainer: `use_compile`)
-from common import INTENTIONAL_BREAKS, RunSpec  # noqa: E402
+from common import EXPECTED_BREAKS, RunSpec  # noqa: E402
 from lightning.pytorch import Callback, LightningModule, Trainer  # noqa: E402
 from lightning_compile_patch.demos.gpt import GPT, GPTConfig, GPTModule, NextTokenData, parameter_count  # noqa: E402
 
@@ -123,7 +123,7 @@ def _dynamo_stats() -> dict[str, Any]:
     from torch._dynamo.utils import counters, get_compilation_metrics
 
     breaks = dict(counters["graph_break"])
-    intentional = {reason: n for reason, n in breaks.items() if any(m in reason for m in INTENTIONAL_BREAKS)}
+    intentional = {reason: n for reason, n in breaks.items() if any(m in reason for m in EXPECTED_BREAKS)}
     other = {reason: n for reason, n in breaks.items() if reason not in intentional}
     metrics = list(get_compilation_metrics())
     compile_s = sum(m.entire_frame_compile_time_s or 0.0 for m in metrics)

@@ -135,7 +135,7 @@ def test_region_boundaries_count_as_intended_breaks():
     trainer, _ = fit(small_gpt(), "auto", limit_val_batches=0)
     summary = trainer._compile_connector.last_summary
     assert summary.graph_breaks > 0
-    assert summary.graph_breaks == summary.intentional_breaks
+    assert summary.graph_breaks == summary.expected_breaks
 
 
 def test_every_stage_compiles_the_regions():

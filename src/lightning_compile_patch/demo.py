@@ -71,7 +71,7 @@ def _run_one(name: str, steps: int, layers: int) -> dict[str, Any]:
         "final_loss": float(trainer.callback_metrics["train_loss"]),
         "strategy_model": timer.model_type,
         "graphs": summary.graphs if summary else 0,
-        "graph_breaks": summary.graph_breaks - summary.intentional_breaks if summary else 0,
+        "graph_breaks": summary.graph_breaks - summary.expected_breaks if summary else 0,
     }
 
 

@@ -37,15 +37,15 @@ class _CompileSummary:
     graphs: int = 0
     recompiles: int = 0
     graph_breaks: int = 0
-    intentional_breaks: int = 0
+    expected_breaks: int = 0
     compile_seconds: float = 0.0
     recompile_limit_hits: list[str] = field(default_factory=list)
 
     def line(self, backend: str, strategy: str) -> str:
         """The one summary line."""
         breaks = _count(self.graph_breaks, "graph break")
-        if self.intentional_breaks:
-            breaks += f" ({self.intentional_breaks} expected: in DDP's own code, at region boundaries)"
+        if self.expected_breaks:
+            breaks += f" ({self.expected_breaks} expected: in DDP's own code, at region boundaries)"
         hits = f", {_count(len(self.recompile_limit_hits), 'recompile-limit hit')}" if self.recompile_limit_hits else ""
         return (
             f"`use_compile` ({self.stage}, {strategy}, {backend}): {_count(self.graphs, 'graph')},"
@@ -142,7 +142,7 @@ class _CompileReport:
             new = count - self._breaks_before.get(reason, 0)
             summary.graph_breaks += new
             if any(marker in reason for marker in _EXPECTED_BREAKS):
-                summary.intentional_breaks += new
+                summary.expected_breaks += new
         for metrics in get_compilation_metrics():
             if (metrics.start_time_us or 0) < self._start_us:
                 continue
