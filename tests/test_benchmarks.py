@@ -21,6 +21,7 @@ COUNTS = ("graphs", "recompiles", "graph_breaks_other", "graph_breaks_intentiona
 
 
 @pytest.mark.slow
+@pytest.mark.package_only  # the benchmarks import the package; the run against a patched Lightning has none
 def test_bench_smoke_runs_every_path_in_a_fresh_process_and_reports_it(tmp_path):
     out = tmp_path / "out"
     parent_cache = tmp_path / "parent-inductor-cache"  # must not reach any benchmark process
