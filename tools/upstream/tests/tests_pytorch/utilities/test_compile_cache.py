@@ -54,10 +54,13 @@ def test_compile_cache_round_trip(tmp_path, monkeypatch):
         "enable_progress_bar": False,
         "accelerator": "cpu",
     }
-    Trainer(**trainer_kwargs).fit(BoringModel())
+    trainer = Trainer(**trainer_kwargs)
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # torch sets its default when torch.compile is first called
+    trainer.fit(BoringModel())
     [folder] = (tmp_path / "cache").iterdir()
     assert (folder / "rank0.bin").exists()
-    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    assert (folder / "inductor").is_dir()
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
 
     # a new process, as far as the compiler is concerned
     torch._dynamo.reset()

@@ -34,9 +34,11 @@ class Block(nn.Module):
 class BlocksModel(BoringModel):
     def __init__(self, n_blocks=3):
         super().__init__()
+        self.embed = nn.Linear(32, 32)  # every block sees an input that requires grad, as in a real model
         self.blocks = nn.ModuleList(Block() for _ in range(n_blocks))
 
     def forward(self, x):
+        x = self.embed(x)
         for block in self.blocks:
             x = block(x)
         return self.layer(x)
