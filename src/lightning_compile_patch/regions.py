@@ -1,30 +1,27 @@
 """Regional compilation: compile each repeated block on its own, and the rest of the step around them.
 
 A model of ``N`` identical blocks compiles one block's graph once and runs it ``N`` times, instead of tracing and
-compiling ``N`` copies inside one big graph; the cold start shrinks with the depth of the model. The step (embeddings,
-final norm, head, loss) is still compiled as in whole-model compilation, with each block call left as an opaque call
-into the block's own compiled code::
+compiling ``N`` copies inside one big graph, so the cold start stops growing with the depth of the model::
 
-    training_step ─ compiled ─┬─ embeddings
-                              ├─ block 0 ─┐
-                              ├─ block 1 ─┼─ one compiled graph, shared
-                              ├─ ...      │
-                              ├─ block N ─┘
-                              └─ norm, head, loss
+    training_step ── compiled: the loss, logging, the rest of the step
+      model.forward ── plain Python: its loop over the blocks cannot be compiled around them
+        embeddings ─── a region of its own
+        block 0 ──┐
+        block 1 ──┼─── regions sharing one compiled graph
+        block N ──┘
+        norm, head ─── regions of their own
 
-Each block is compiled in place, through its ``forward``: the module keeps its type and state-dict keys, and hooks
-registered on it (``fully_shard`` for instance) still run around the compiled code.
+Each region is compiled in place, through its ``forward``: the module keeps its type and state-dict keys, and hooks
+registered on it (``fully_shard`` for instance) still run around the compiled code. The step calls each region as an
+opaque function, so that its own compiled graph does not trace into the blocks again.
 
 """
 
-from collections.abc import Iterable
 from typing import Any, Callable, Union
 
 import torch
 from torch import nn
 
-#: The ``regions`` values: "auto", or classes and class names of the blocks to compile.
-_REGIONS_INPUT = Union[str, type, Iterable[Union[type, str]]]
 _MISSING = object()
 
 
@@ -65,6 +62,7 @@ def _repeated_blocks(module: nn.Module) -> dict[str, nn.Module]:
 
 
 def _matches(block: nn.Module, spec: tuple[Union[type, str], ...]) -> bool:
+    """Whether ``block`` is an instance of a class in ``spec``, or of a class named there (subclasses included)."""
     names = {cls.__name__ for cls in type(block).__mro__}
     return any(isinstance(block, item) if isinstance(item, type) else item in names for item in spec)
 
