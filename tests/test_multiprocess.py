@@ -79,7 +79,11 @@ trainer = Trainer(strategy="ddp", use_compile=use_compile, **options)
 model = LoggingModel()
 trainer.fit(model)
 if trainer.global_rank == 0:
-    print("WEIGHTS", model.layer.weight.detach().flatten().tolist())
+    print("WEIGHTS", model.layer.weight.detach().flatten().tolist(), flush=True)
+# Lightning leaves the gloo process group alive; a rank that exits while its peer still holds the group can
+# abort in gloo's thread destructors ("terminate called without an active exception"). Close it on every rank.
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
 """
 
 
