@@ -72,6 +72,9 @@ class RunSpec:
     bucket_cap_mb: Optional[float] = None
     #: ``torch.set_float32_matmul_precision``; ``None`` leaves it.
     matmul_precision: Optional[str] = None
+    #: Train this many steps more after the timed ones, counting the Python function calls made in each (the host's
+    #: work, on rank 0's main thread); they are left out of every time.
+    count_python_calls: int = 0
     #: For ``kind="allreduce"``: the number of float32 elements to all-reduce, and how often.
     numel: int = 0
     repeats: int = 20
@@ -79,7 +82,7 @@ class RunSpec:
     @property
     def samples(self) -> int:
         """Exactly one epoch of ``steps`` full batches per rank: no epoch boundary, no partial last batch."""
-        return self.model.get("batch_size", 8) * self.steps * self.devices
+        return self.model.get("batch_size", 8) * (self.steps + self.count_python_calls) * self.devices
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -89,17 +92,20 @@ class RunSpec:
         return cls(**json.loads(text))
 
 
-def fresh_env(inductor_dir: Optional[Path], extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+def fresh_env(
+    inductor_dir: Optional[Path], extra: Optional[dict[str, str]] = None, *, allow_files: bool = False
+) -> dict[str, str]:
     """The parent's environment without its compiler caches; ``inductor_dir`` becomes the new, empty one.
 
-    With ``inductor_dir=None`` no cache directory is set at all, which is what ``use_compile={"cache": DIR}`` needs to
+    ``allow_files``: the directory was warmed by ``warm_toolchain`` on purpose. With ``inductor_dir=None`` no cache
+    directory is set at all, which is what ``use_compile={"cache": DIR}`` needs to
     point inductor at ``DIR`` itself. ``src/`` goes on ``PYTHONPATH``, so that the package imports without being
     installed (as on a machine that only has torch and Lightning).
     """
     env = {key: value for key, value in os.environ.items() if key not in CACHE_ENV}
     if inductor_dir is not None:
         inductor_dir.mkdir(parents=True, exist_ok=True)
-        if any(inductor_dir.iterdir()):
+        if not allow_files and any(inductor_dir.iterdir()):
             raise RuntimeError(f"{inductor_dir} is meant to be a fresh, empty inductor cache, but it holds files")
         env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_dir)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
@@ -108,11 +114,34 @@ def fresh_env(inductor_dir: Optional[Path], extra: Optional[dict[str, str]] = No
     return env
 
 
+#: Compiles a small function unrelated to any benchmark model, forward and backward, with inductor.
+_TOOLCHAIN_WARMUP = """
+import torch
+x = torch.randn(8, 8, requires_grad=True)
+torch.compile(lambda t: (t.sin() * 3.0 + 1.0).relu().sum())(x).backward()
+"""
+
+
+def warm_toolchain(inductor_dir: Path) -> float:
+    """Fills a new inductor cache with what any first compile on this machine leaves there; returns the seconds.
+
+    A fresh, empty cache makes the first compile of a process pay a one-time cost per cache directory (on a CPU,
+    C++ headers compiled ahead, ISA probes: several seconds) that does not depend on the model. A run that starts
+    from a cache warmed this way holds none of the model's graphs, so its first step is still a cold compile of the
+    model, without that one-time cost.
+    """
+    env = fresh_env(inductor_dir)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", _TOOLCHAIN_WARMUP], env=env, check=True, capture_output=True, text=True)
+    return time.perf_counter() - started
+
+
 def run_fresh(
     spec: RunSpec,
     workdir: Path,
     *,
     fresh_inductor_cache: bool = True,
+    warm_toolchain_first: bool = False,
     timeout_s: float = 3600,
     quiet: bool = True,
 ) -> dict[str, Any]:
@@ -123,6 +152,8 @@ def run_fresh(
         workdir: A directory of this run's own; the process runs in it and leaves its log, spec and cache there.
         fresh_inductor_cache: ``True``: a new, empty ``TORCHINDUCTOR_CACHE_DIR`` under ``workdir``. ``False``: none
             set (the parent's is removed all the same).
+        warm_toolchain_first: With a fresh cache, run ``warm_toolchain`` on it before the run (its seconds go into
+            ``toolchain_warmup_s``), so that the first step measures the model's own cold compile.
         timeout_s: The process is killed after this long, and the run counts as failed.
         quiet: Keep the process's output in its log file only; otherwise it is also echoed.
 
@@ -139,7 +170,9 @@ def run_fresh(
     result_file.unlink(missing_ok=True)
     # Lightning's DDP sets torch's threads to cores / processes unless OMP_NUM_THREADS is set: set it to ours
     threads = {"OMP_NUM_THREADS": str(spec.threads)} if spec.threads else {}
-    env = fresh_env(workdir / "inductor" if fresh_inductor_cache else None, threads)
+    inductor_dir = workdir / "inductor" if fresh_inductor_cache else None
+    warmup_s = warm_toolchain(inductor_dir) if inductor_dir is not None and warm_toolchain_first else None
+    env = fresh_env(inductor_dir, threads, allow_files=warmup_s is not None)
     command = [sys.executable, str(WORKER), str(spec_file), str(result_file)]
     started = time.perf_counter()
     with open(log_file, "w") as log:
@@ -157,6 +190,8 @@ def run_fresh(
     result: dict[str, Any] = json.loads(result_file.read_text()) if result_file.exists() else {}
     result.setdefault("name", spec.name)
     result["process_wall_s"] = wall
+    if warmup_s is not None:
+        result["toolchain_warmup_s"] = warmup_s
     if returncode != 0 or result.get("status") != "ok":
         result["status"] = "error"
         if returncode is None:
@@ -289,9 +324,12 @@ This page is regenerated by every script that writes into `docs/benchmarks/`.
 | script in `benchmarks/` | what it measures |
 |---|---|
 | `bench.py --mode cpu`, `--mode cuda` | every path: eager, stock, whole, regional, warm cache, plain loop |
-| `regions_depth.py` | cold first step, whole-model against regional, at depths 6, 12, 24 |
+| `regions_depth.py` | whole against regional in the Trainer, 6/12/24 blocks: first step, steady step, host calls |
+| `regions_gpu_probe.py` | regional designs against whole, plain loop on a GPU: profiles, CUDA graphs |
+| `regions_alternatives.py` | regional designs, plain loop on CPU: loss and per-block gradients against eager |
 | `optimize_ddp.py` | `optimize_ddp=True` against `False`, 2 ranks and 1, on CPU; a paper model of the overlap |
 | `zero_cost.py` | what the patch costs with `use_compile=None`, as a ratio within one process |
+| `gpu_session.sh` | every measurement still open on a GPU, as one prepared run of at most 580 s on the device machine |
 
 How to read the numbers: the first step is the whole first optimizer step (forward, backward, optimizer), compile
 included; the steady step is the median of the steps after the first few. The CPU numbers come from a shared 2-core

@@ -10,7 +10,9 @@ Each variant runs in a fresh process with an empty inductor cache:
 * ``nested_class``: ``torch.compiler.nested_compile_region`` on the block class's ``forward``, the step compiled;
 * ``nested_instance``: the same, bound to each block instance.
 
-The loss after the last step is deterministic: a variant whose loss differs from eager changes the numerics.
+The loss after the last step is deterministic: a variant whose loss differs from eager changes the numerics. The
+gradient norms of each block after the first backward show where: a block whose gradient differs from eager's, or
+that gets none at all.
 """
 
 import argparse
@@ -62,17 +64,21 @@ def run_variant(variant: str, layers: int, steps: int) -> dict:
             block.forward = types.MethodType(marked, block)
         step = torch.compile(step)
 
-    times = []
+    times, first_grads = [], []
     for _ in range(steps):
         start = time.perf_counter()
         loss = step(x, y)
         loss.backward()
+        if not first_grads:  # the gradient norm of each block's first linear layer, after the first backward
+            grads = [block.fc.weight.grad for block in model.blocks]
+            first_grads = [None if grad is None else grad.norm().item() for grad in grads]
         optimizer.step()
         optimizer.zero_grad()
         times.append(time.perf_counter() - start)
     return {
         "variant": variant,
         "loss": loss.item(),
+        "first_grads": first_grads,
         "first_step_s": times[0],
         "steady_step_ms": 1000 * statistics.median(times[2:]),
     }
@@ -96,11 +102,16 @@ def main() -> int:
             command += ["--layers", str(args.layers), "--steps", str(args.steps)]
             out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
-    print(f"| variant ({args.layers} blocks, {args.steps} steps) | loss | first step | steady step |")
-    print("|---|---|---|---|")
+    print(
+        f"| variant ({args.layers} blocks, {args.steps} steps) | loss | `fc.weight` gradient norm per block, step 1"
+        " | first step | steady step |"
+    )
+    print("|---|---|---|---|---|")
     for row in rows:
+        grads = ", ".join("none" if g is None else f"{g:.4g}" for g in row["first_grads"])
         print(
-            f"| {row['variant']} | {row['loss']:.4f} | {row['first_step_s']:.1f} s | {row['steady_step_ms']:.1f} ms |"
+            f"| {row['variant']} | {row['loss']:.4f} | {grads} | {row['first_step_s']:.1f} s"
+            f" | {row['steady_step_ms']:.1f} ms |"
         )
     return 0
 

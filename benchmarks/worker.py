@@ -53,18 +53,32 @@ class LogOutsideStepGPT(GPTModule):
 
 
 class StepTimer(Callback):
-    """Times every training step, and the backward pass inside it."""
+    """Times every training step, and the backward pass inside it; counts Python calls in the last steps, untimed."""
 
-    def __init__(self, synchronize: Callable[[], None]) -> None:
+    def __init__(self, synchronize: Callable[[], None], timed_steps: Optional[int] = None) -> None:
         self.synchronize = synchronize
+        self.timed_steps = timed_steps
         self.steps: list[float] = []
         self.backward: list[float] = []
+        self.python_calls: list[int] = []
         self.strategy_model = ""
         self.ddp_buckets: dict[str, Any] = {}
+
+    def _counting(self, trainer: Trainer) -> bool:
+        return self.timed_steps is not None and trainer.global_step >= self.timed_steps
 
     def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
         self.strategy_model = type(trainer.strategy.model).__name__
         self.synchronize()
+        if self._counting(trainer):
+            calls = [0]
+
+            def count(frame: Any, event: str, arg: Any) -> None:
+                if event == "call":
+                    calls[0] += 1
+
+            self._calls = calls
+            sys.setprofile(count)
         self._step_start = time.perf_counter()
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Tensor) -> None:
@@ -77,7 +91,13 @@ class StepTimer(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
         self.synchronize()
-        self.steps.append(time.perf_counter() - self._step_start)
+        elapsed = time.perf_counter() - self._step_start
+        if sys.getprofile() is not None and self._counting(trainer):
+            sys.setprofile(None)
+            self.python_calls.append(self._calls[0])
+            self.backward.pop()
+            return
+        self.steps.append(elapsed)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """DDP's own buckets (after its rebuild in the first iteration), while the strategy still holds DDP."""
@@ -189,14 +209,14 @@ def run_lightning(spec: RunSpec) -> Optional[dict[str, Any]]:
     if spec.strategy == "ddp" and spec.bucket_cap_mb is not None:
         strategy = DDPStrategy(bucket_cap_mb=spec.bucket_cap_mb)
     device = torch.device("cuda", 0) if spec.accelerator in ("cuda", "gpu") else torch.device("cpu")
-    timer = StepTimer(_synchronizer(device))
+    timer = StepTimer(_synchronizer(device), spec.steps if spec.count_python_calls else None)
     ddp_buckets = _ddp_optimizer_buckets()
     trainer = Trainer(
         accelerator=spec.accelerator,
         devices=spec.devices,
         strategy=strategy,
         precision=spec.precision,
-        max_steps=spec.steps,
+        max_steps=spec.steps + spec.count_python_calls,
         limit_val_batches=0,
         num_sanity_val_steps=0,
         use_compile=spec.use_compile,
@@ -229,6 +249,7 @@ def run_lightning(spec: RunSpec) -> Optional[dict[str, Any]]:
         **ddp_reducer,
         **_step_stats(timer.steps, timer.backward, spec, trainer.world_size),
         **_peak_memory(device),
+        **({"python_calls_per_step": statistics.median(timer.python_calls)} if timer.python_calls else {}),
     }
 
 

@@ -45,7 +45,7 @@ def create_dataset(num_samples=1000):
     return TensorDataset(x, y)
 
 
-def run_training(model_kind: str, backend: str) -> dict:
+def run_training(model_kind: str, backend: str, accelerator: str = "cpu") -> dict:
     torch.manual_seed(0)
     dataset = create_dataset()
     train_loader = DataLoader(dataset, batch_size=32)
@@ -59,7 +59,7 @@ def run_training(model_kind: str, backend: str) -> dict:
         use_compile = compile_kwargs or True
     trainer = pl.Trainer(
         max_epochs=2,
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=1,
         strategy=DDPStrategy(static_graph=True),  # static_graph makes _DDPSink.backward queue a callback
         use_compile=use_compile,
@@ -71,8 +71,9 @@ def run_training(model_kind: str, backend: str) -> dict:
         trainer.fit(model, train_loader)
     x, y = dataset.tensors
     module = model._orig_mod if model_kind == "compiled" else model
+    device = next(module.parameters()).device
     with torch.no_grad():
-        loss = torch.mean((module(x) - y) ** 2).item()
+        loss = torch.mean((module(x.to(device)) - y.to(device)) ** 2).item()
     return {"loss": loss, "steps": trainer.global_step, "summary": trainer._compile_connector.last_summary}
 
 
@@ -80,7 +81,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["compiled", "plain"], default="compiled")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, as in the report)")
+    parser.add_argument("--accelerator", default="cpu", help="cpu (gloo), or cuda (nccl) as in the report")
     args = parser.parse_args()
-    result = run_training(args.model, args.backend)
+    result = run_training(args.model, args.backend, args.accelerator)
     print(f"seed run finished: model={args.model} steps={result['steps']} mse_after_training={result['loss']:.4f}")
     print(f"compiled after the wrap: {result['summary']}")

@@ -272,3 +272,30 @@ def test_memory_stays_flat_over_many_steps():
     growth = after_warmup[-1] - after_warmup[0]
     # 250 steps; a leak of even one activation (8x16x32 floats = 16 KiB) per block per step would add ~16 MB
     assert growth < 8, f"RSS grew {growth:.1f} MB over 250 steps: {[round(s) for s in rss.samples]}"
+
+
+class CudaAllocated(Callback):
+    def __init__(self):
+        self.samples = []
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step % 25 == 0:
+            torch.cuda.synchronize()
+            self.samples.append(torch.cuda.memory_allocated())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="reads CUDA allocated memory: needs a GPU")
+def test_cuda_allocated_memory_stays_flat_over_many_steps():
+    """The same leak check on a GPU, with inductor (where it was reported): allocated bytes after warm-up stay put."""
+    allocated = CudaAllocated()
+    model = small_gpt(n_layer=4, samples=8 * 300)
+    options = {**QUIET, "accelerator": "cuda"}
+    trainer = Trainer(
+        use_compile={"regions": "auto"}, max_steps=300, limit_val_batches=0, callbacks=[allocated], **options
+    )
+    trainer.fit(model)
+    after_warmup = allocated.samples[2:]
+    growth = after_warmup[-1] - after_warmup[0]
+    # one leaked activation per block per step (8x16x32 fp32 = 16 KiB) would add ~16 MB over 250 steps
+    assert growth < 2**20, f"CUDA allocated memory grew {growth / 2**20:.2f} MiB over 250 steps: {after_warmup}"
