@@ -156,6 +156,11 @@ def _dynamo_stats() -> dict[str, Any]:
         "graph_break_reasons_other": {reason[:400]: n for reason, n in other.items()},
         "graph_break_reasons_intentional": {reason[:200]: n for reason, n in intentional.items()},
         "frames_compiled": len(metrics),
+        # the forward compile of each frame that produced a graph, in order (backward graphs compile later, in the
+        # first backward, and are not in these metrics): the first pays what any first compile in a process pays
+        "frame_forward_compile_s": [
+            [m.co_name, m.entire_frame_compile_time_s] for m in metrics if m.backend_compile_time_s is not None
+        ],
         "compile_s": compile_s,
         # cache hits and misses: a warm start shows hits and no misses
         "compiler_cache_counters": {
