@@ -36,12 +36,19 @@ from lightning_compile_patch.demos.gpt import GPT, GPTConfig
 from lightning_compile_patch.regions import _compile_regions, _find_regions, _rest_of_model
 
 
-def run(variant: str, layers: int, steps: int, profile: Optional[Path] = None, device: str = "cuda") -> str:
+def run(
+    variant: str,
+    layers: int,
+    steps: int,
+    profile: Optional[Path] = None,
+    device: str = "cuda",
+    backend: str = "inductor",
+) -> str:
     """Trains ``steps`` steps of one variant; returns its table row (and writes its profile, if asked)."""
     torch.manual_seed(0)
     torch._dynamo.reset()
     design, _, mode = variant.partition("/")
-    kwargs = {"mode": mode} if mode else {}
+    kwargs = {"backend": backend, **({"mode": mode} if mode else {})}
     config = GPTConfig.gpt2_small(n_layer=layers) if device == "cuda" else GPTConfig(n_layer=layers)
     model = GPT(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -108,12 +115,13 @@ def main() -> int:
     parser.add_argument("--variants", default="whole,regions+rest+step,regions+step")
     parser.add_argument("--profile", type=Path, help="write a profile of each variant's steady steps here")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke check of the script on the demo's small GPT")
+    parser.add_argument("--backend", default="inductor", help="the torch.compile backend of every compile")
     args = parser.parse_args()
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU (smoke check: the demo GPT)"
     print(f"torch {torch.__version__}, {where}")
     print("| variant | first step | steady step | peak memory | loss |\n|---|---|---|---|---|", flush=True)
     for variant in args.variants.split(","):
-        print(run(variant, args.layers, args.steps, args.profile, args.device), flush=True)
+        print(run(variant, args.layers, args.steps, args.profile, args.device, args.backend), flush=True)
     return 0
 
 

@@ -1,7 +1,9 @@
-"""Smoke test of ``benchmarks/bench.py``: every path runs, and every number the report needs is there.
+"""Smoke tests of ``benchmarks/``: every path of ``bench.py`` runs and reports; the GPU probe and session are sound.
 
-Benchmarks measure and do not assert; this only checks that the tool works (``--smoke``: a tiny GPT, backend
-``aot_eager``, a few steps, one strategy), writing into a temporary directory rather than ``docs/``.
+Benchmarks measure and do not assert; these only check that the tools work (``--smoke``: a tiny GPT, backend
+``aot_eager``, a few steps, one strategy), writing into a temporary directory rather than ``docs/``. The GPU probe runs
+on CPU, where its designs must agree on the loss; the prepared GPU session is checked for what can be checked without
+a GPU: its syntax and the options it passes.
 """
 
 import json
@@ -68,3 +70,46 @@ def test_bench_smoke_runs_every_path_in_a_fresh_process_and_reports_it(tmp_path)
     table = (out / "smoke.md").read_text()
     for name in REQUIRED:
         assert f"`{name}`" in table
+
+
+PROBE = ROOT / "benchmarks" / "regions_gpu_probe.py"
+GPU_SESSION = ROOT / "benchmarks" / "gpu_session.sh"
+PROBE_VARIANTS = ("whole", "regions+rest+step", "regions+step", "regions-eager-step", "block.compile()")
+
+
+@pytest.mark.slow
+@pytest.mark.package_only
+def test_gpu_probe_runs_every_design_on_cpu_with_the_same_loss(tmp_path):
+    """The GPU probe, run on CPU with ``aot_eager``: every regional design trains to the whole model's loss."""
+    command = [sys.executable, str(PROBE), "--device", "cpu", "--backend", "aot_eager", "--layers", "2"]
+    command += ["--steps", "4", "--variants", ",".join(PROBE_VARIANTS), "--profile", str(tmp_path / "profile")]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells[0] in PROBE_VARIANTS:
+            rows[cells[0]] = float(cells[-1])
+    assert set(rows) == set(PROBE_VARIANTS), result.stdout
+    for variant, loss in rows.items():
+        assert loss == pytest.approx(rows["whole"], rel=1e-4), variant
+    assert {p.name for p in (tmp_path / "profile").iterdir()} >= {"whole.txt", "regions+rest+step.json"}
+
+
+@pytest.mark.package_only
+def test_gpu_session_script_calls_only_options_the_scripts_have():
+    """``gpu_session.sh`` waits for a GPU; until then, its syntax and every option it passes are checked here."""
+    subprocess.run(["bash", "-n", str(GPU_SESSION)], check=True)
+    text = GPU_SESSION.read_text().replace("\\\n", " ")
+    calls = [line.split("python ", 1)[1] for line in text.splitlines() if "python benchmarks/" in line]
+    calls += [line.split("python ", 1)[1] for line in text.splitlines() if "python examples/" in line]
+    assert len(calls) >= 4, calls
+    for call in calls:
+        script, *arguments = call.split()
+        options = {argument for argument in arguments if argument.startswith("--")}
+        assert (ROOT / script).exists(), script
+        helptext = subprocess.run(
+            [sys.executable, str(ROOT / script), "--help"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+        missing = [option for option in options if option not in helptext]
+        assert not missing, (script, missing)
