@@ -98,9 +98,9 @@ def fresh_env(
     """The parent's environment without its compiler caches; ``inductor_dir`` becomes the new, empty one.
 
     ``allow_files``: the directory was warmed by ``warm_toolchain`` on purpose. With ``inductor_dir=None`` no cache
-    directory is set at all, which is what ``use_compile={"cache": DIR}`` needs to
-    point inductor at ``DIR`` itself. ``src/`` goes on ``PYTHONPATH``, so that the package imports without being
-    installed (as on a machine that only has torch and Lightning).
+    directory is set at all, which is what ``use_compile={"cache": DIR}`` needs to point inductor at ``DIR`` itself.
+    ``src/`` goes on ``PYTHONPATH``, so that the package imports without being installed (as on a machine that only
+    has torch and Lightning).
     """
     env = {key: value for key, value in os.environ.items() if key not in CACHE_ENV}
     if inductor_dir is not None:

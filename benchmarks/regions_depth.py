@@ -46,7 +46,13 @@ MODEL = {"n_head": 4, "n_embd": 64, "block_size": 64, "vocab_size": 256, "batch_
 PATHS = {"whole": True, "regional": {"regions": "auto"}}
 
 
+#: Each inductor cache a run can start from: whether the toolchain is warmed first.
 TOOLCHAINS = {"empty": False, "warm": True}
+
+
+def _key(path: str, depth: int, toolchain: str) -> str:
+    """The name of one run in the results: ``whole-12``, ``regional-12-warm``."""
+    return f"{path}-{depth}" + ("-warm" if TOOLCHAINS[toolchain] else "")
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -58,13 +64,12 @@ def markdown(data: dict[str, Any]) -> str:
     rows = []
     for depth in data["depths"]:
         for toolchain in data["toolchains"]:
-            suffix = "" if toolchain == "empty" else "-warm"
-            whole = data["results"].get(f"whole-{depth}{suffix}", {})
-            regional = data["results"].get(f"regional-{depth}{suffix}", {})
+            whole = data["results"].get(_key("whole", depth, toolchain), {})
+            regional = data["results"].get(_key("regional", depth, toolchain), {})
             rows.append(
                 [
                     depth,
-                    "empty" if toolchain == "empty" else "toolchain warmed",
+                    "toolchain warmed" if TOOLCHAINS[toolchain] else "empty",
                     fmt((get(whole, "parameters") or get(regional, "parameters") or 0) / 1e6, ".2f", "M"),
                     fmt(get(whole, "first_step_s"), ".1f", " s") if whole.get("status") == "ok" else "failed",
                     fmt(get(regional, "first_step_s"), ".1f", " s") if regional.get("status") == "ok" else "failed",
@@ -142,7 +147,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lcp-regions-") as tmp:
         for depth, toolchain, (path, use_compile) in itertools.product(depths, toolchains, PATHS.items()):
-            key = f"{path}-{depth}" + ("" if toolchain == "empty" else "-warm")
+            key = _key(path, depth, toolchain)
             spec = RunSpec(
                 name=key,
                 model={**MODEL, "n_layer": depth},

@@ -61,23 +61,20 @@ class StepTimer(Callback):
         self.steps: list[float] = []
         self.backward: list[float] = []
         self.python_calls: list[int] = []
+        self._calls: Optional[list[int]] = None  # this step's call count, while counting
         self.strategy_model = ""
         self.ddp_buckets: dict[str, Any] = {}
-
-    def _counting(self, trainer: Trainer) -> bool:
-        return self.timed_steps is not None and trainer.global_step >= self.timed_steps
 
     def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
         self.strategy_model = type(trainer.strategy.model).__name__
         self.synchronize()
-        if self._counting(trainer):
-            calls = [0]
+        if self.timed_steps is not None and trainer.global_step >= self.timed_steps:
+            calls = self._calls = [0]
 
             def count(frame: Any, event: str, arg: Any) -> None:
                 if event == "call":
                     calls[0] += 1
 
-            self._calls = calls
             sys.setprofile(count)
         self._step_start = time.perf_counter()
 
@@ -92,12 +89,13 @@ class StepTimer(Callback):
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
         self.synchronize()
         elapsed = time.perf_counter() - self._step_start
-        if sys.getprofile() is not None and self._counting(trainer):
-            sys.setprofile(None)
-            self.python_calls.append(self._calls[0])
-            self.backward.pop()
+        if self._calls is None:
+            self.steps.append(elapsed)
             return
-        self.steps.append(elapsed)
+        sys.setprofile(None)
+        self.python_calls.append(self._calls[0])
+        self._calls = None
+        self.backward.pop()  # a counted step is not a timed one
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """DDP's own buckets (after its rebuild in the first iteration), while the strategy still holds DDP."""

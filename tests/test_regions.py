@@ -244,58 +244,54 @@ def _rss_mb():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-class RSS(Callback):
-    def __init__(self):
+def _cuda_allocated_mb():
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated() / 2**20
+
+
+class MemorySamples(Callback):
+    """Reads memory every 25 steps, after a garbage collection."""
+
+    def __init__(self, read_mb):
+        self.read_mb = read_mb
         self.samples = []
 
     def on_train_batch_end(self, trainer, *args):
         if trainer.global_step % 25 == 0:
             gc.collect()
-            self.samples.append(_rss_mb())
+            self.samples.append(self.read_mb())
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc")
-def test_memory_stays_flat_over_many_steps():
-    """The per-layer compile leak reported on torchtitan (#61) would show as RSS growing with every step."""
-    rss = RSS()
+@pytest.mark.parametrize(
+    ("accelerator", "use_compile", "read_mb", "bound_mb"),
+    [
+        pytest.param(
+            "cpu",
+            {"backend": "aot_eager", "regions": "auto"},
+            _rss_mb,
+            8,
+            id="cpu_rss",
+            marks=pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc"),
+        ),
+        pytest.param(  # with inductor, where the leak was reported
+            "cuda",
+            {"regions": "auto"},
+            _cuda_allocated_mb,
+            1,
+            id="cuda_allocated",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="reads CUDA allocated memory: needs a GPU"),
+        ),
+    ],
+)
+def test_memory_stays_flat_over_many_steps(accelerator, use_compile, read_mb, bound_mb):
+    """The per-layer compile leak reported on torchtitan (#61) would show as memory growing with every step."""
+    memory = MemorySamples(read_mb)
     model = small_gpt(n_layer=4, samples=8 * 300)
-    trainer = Trainer(
-        use_compile={"backend": "aot_eager", "regions": "auto"},
-        max_steps=300,
-        limit_val_batches=0,
-        callbacks=[rss],
-        **QUIET,
-    )
+    options = {**QUIET, "accelerator": accelerator}
+    trainer = Trainer(use_compile=use_compile, max_steps=300, limit_val_batches=0, callbacks=[memory], **options)
     trainer.fit(model)
-    after_warmup = rss.samples[2:]  # from step 50 on
+    after_warmup = memory.samples[2:]  # from step 50 on
     growth = after_warmup[-1] - after_warmup[0]
     # 250 steps; a leak of even one activation (8x16x32 floats = 16 KiB) per block per step would add ~16 MB
-    assert growth < 8, f"RSS grew {growth:.1f} MB over 250 steps: {[round(s) for s in rss.samples]}"
-
-
-class CudaAllocated(Callback):
-    def __init__(self):
-        self.samples = []
-
-    def on_train_batch_end(self, trainer, *args):
-        if trainer.global_step % 25 == 0:
-            torch.cuda.synchronize()
-            self.samples.append(torch.cuda.memory_allocated())
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="reads CUDA allocated memory: needs a GPU")
-def test_cuda_allocated_memory_stays_flat_over_many_steps():
-    """The same leak check on a GPU, with inductor (where it was reported): allocated bytes after warm-up stay put."""
-    allocated = CudaAllocated()
-    model = small_gpt(n_layer=4, samples=8 * 300)
-    options = {**QUIET, "accelerator": "cuda"}
-    trainer = Trainer(
-        use_compile={"regions": "auto"}, max_steps=300, limit_val_batches=0, callbacks=[allocated], **options
-    )
-    trainer.fit(model)
-    after_warmup = allocated.samples[2:]
-    growth = after_warmup[-1] - after_warmup[0]
-    # one leaked activation per block per step (8x16x32 fp32 = 16 KiB) would add ~16 MB over 250 steps
-    assert growth < 2**20, f"CUDA allocated memory grew {growth / 2**20:.2f} MiB over 250 steps: {after_warmup}"
+    assert growth < bound_mb, f"memory grew {growth:.2f} MB over 250 steps: {[round(s, 1) for s in memory.samples]}"
