@@ -3,14 +3,12 @@
 #
 #     bash benchmarks/gpu_session.sh "$OUT"        # on the device machine, from the repository root
 #
-# It uses the machine's own torch and Lightning (src/ on PYTHONPATH, nothing installed) and writes everything under
-# OUT: the logs of each part, the benchmark JSON/Markdown/PNG, and the profiles. Each part has its own time limit,
-# and a failing part does not stop the next, so that one run brings back as much as it can.
+# It uses the machine's own torch and Lightning (src/ on PYTHONPATH) and writes under OUT the log of each part, the
+# benchmark JSON and Markdown, and the profiles. Each part has its own time limit; a failing part does not stop the next.
 #
-#  1. bench.py, cuda mode: DDP world size 1, stock against use_compile (the DDP figure of the speed goals); then one
-#     device, use_compile whole against regional through the Trainer (regions with the modules around the blocks).
-#  2. regions_gpu_probe.py --profile: whole against the regional design in a plain loop, with a profile of each,
-#     and both again under CUDA graphs (mode="reduce-overhead"): is the regional gap host overhead or GPU work?
+#  1. bench.py, cuda mode: DDP world size 1, stock against use_compile; then one device, whole against regional.
+#  2. docs/repros/regions_gpu_probe.py --profile: whole against regional in a plain loop, profiled, and both again
+#     under CUDA graphs (mode="reduce-overhead"): is the regional gap host overhead or GPU work?
 #  3. The seed script on CUDA (NCCL, compiled autograd), both ways.
 #  4. The regional memory-leak test, reading CUDA allocated memory.
 set -u
@@ -23,16 +21,16 @@ part() {  # part NAME SECONDS COMMAND...: runs COMMAND with a time limit, its ou
     shift 2
     local start=$SECONDS
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "$name: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/parts.txt"
+    echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/parts.txt"
 }
 
 python -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
+NOTE="Run by benchmarks/gpu_session.sh on the device machine's own software."
 part bench_ddp 160 python benchmarks/bench.py --mode cuda --strategies ddp --paths stock,whole --steps 25 \
-    --out "$OUT/bench_ddp" --note "Run by benchmarks/gpu_session.sh on the device machine's own software."
+    --out "$OUT/bench_ddp" --note "$NOTE"
 part bench_regional 140 python benchmarks/bench.py --mode cuda --strategies auto --paths whole,regional --steps 25 \
-    --out "$OUT/bench_regional" --note "Run by benchmarks/gpu_session.sh on the device machine's own software."
-part probe 150 python benchmarks/regions_gpu_probe.py --steps 12 --profile "$OUT/profile" \
+    --out "$OUT/bench_regional" --note "$NOTE"
+part probe 150 python docs/repros/regions_gpu_probe.py --steps 12 --profile "$OUT/profile" \
     --variants "whole,regions+rest+step,whole/reduce-overhead,regions+rest+step/reduce-overhead"
 part seed_compiled 40 python examples/seed_ddp_compiled_autograd.py --model compiled --accelerator cuda
 part seed_plain 40 python examples/seed_ddp_compiled_autograd.py --model plain --accelerator cuda

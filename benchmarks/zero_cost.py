@@ -1,20 +1,17 @@
-"""What ``import lightning_compile_patch`` costs a run that does not use it (``use_compile=None``).
+"""The table of docs/benchmarks/zero_cost.md: what the patch costs a run that does not use it (``use_compile=None``).
 
     python benchmarks/zero_cost.py
-    python benchmarks/zero_cost.py --rounds 5 --out /tmp/x   # quick
+    python benchmarks/zero_cost.py --rounds 3 --out /tmp/x   # quick
 
-Measured as a ratio within one process, so that machine noise hits both sides alike: ``Trainer(...)`` construction and
-a tiny ``fit`` (Lightning's ``BoringModel``, a few steps, no logger, checkpointing or progress bar) with the patch
-applied, against the same with the patch removed (``lightning_compile_patch.remove()`` / ``apply()``), alternating A/B
-and B/A round by round. A ratio of 1.00 is no cost.
-
-Writes ``zero_cost.json`` and ``zero_cost.md`` into ``--out`` (default ``docs/benchmarks/``).
-
+A ratio within one process, so that machine noise hits both sides alike: ``Trainer(...)`` and a tiny ``fit``
+(``BoringModel``) with the patch applied, against the same with it removed (``lightning_compile_patch.remove()`` /
+``apply()``), alternating A/B and B/A round by round. 1.00 is no cost.
 """
 
 import argparse
 import gc
 import inspect
+import logging
 import statistics
 import sys
 import time
@@ -24,77 +21,41 @@ from typing import Any, Optional
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lightning_compile_patch
-from common import (
-    RESULTS_DIR,
-    command_line,
-    fmt,
-    machine_info,
-    markdown_table,
-    now,
-    ratio,
-    report_header,
-    update_index,
-    write_report,
-)
+from harness import QUIET, RESULTS_DIR, fmt, markdown_table, new_report, ratio, report_header, write_report
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-QUIET = {
-    "accelerator": "cpu",
-    "devices": 1,
-    "logger": False,
-    "enable_checkpointing": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "limit_val_batches": 0,
-    "num_sanity_val_steps": 0,
-}
 SIDES = ("patched", "removed")
 
 
-def set_side(side: str) -> None:
-    """Applies or removes the patch, and checks that the Trainer really changed."""
-    if side == "patched":
-        lightning_compile_patch.apply()
-    else:
-        lightning_compile_patch.remove()
+def one_round(side: str, steps: int) -> dict[str, float]:
+    """Applies or removes the patch, checks that the Trainer changed, and times ``Trainer(...)`` and ``fit`` once."""
+    (lightning_compile_patch.apply if side == "patched" else lightning_compile_patch.remove)()
     has_argument = "use_compile" in inspect.signature(Trainer.__init__).parameters
     if has_argument != (side == "patched") or lightning_compile_patch.is_applied() != (side == "patched"):
         raise RuntimeError(f"the patch did not toggle: side {side}, use_compile argument present: {has_argument}")
-
-
-def one_round(side: str, steps: int) -> dict[str, float]:
-    """Times ``Trainer(...)`` and ``fit`` once on one side."""
-    set_side(side)
-    kwargs: dict[str, Any] = {"use_compile": None} if side == "patched" else {}
-    model = BoringModel()
+    model, kwargs = BoringModel(), {"use_compile": None} if side == "patched" else {}
     gc.collect()
     start = time.perf_counter()
-    trainer = Trainer(max_steps=steps, **QUIET, **kwargs)
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, **QUIET, **kwargs)
     constructed = time.perf_counter()
     trainer.fit(model)
-    done = time.perf_counter()
-    return {"construct_ms": 1000 * (constructed - start), "fit_ms": 1000 * (done - constructed)}
+    return {"construct_ms": 1000 * (constructed - start), "fit_ms": 1000 * (time.perf_counter() - constructed)}
 
 
 def summarize(samples: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
-    """Medians, quartiles and the patched/removed ratio of each timing."""
+    """Medians, quartiles and the patched / removed ratios of each timing (paired: round by round)."""
     summary: dict[str, Any] = {}
     for key in ("construct_ms", "fit_ms"):
         per_side = {}
         for side in SIDES:
             values = [s[key] for s in samples[side]]
-            quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-            per_side[side] = {"median": statistics.median(values), "q1": quartiles[0], "q3": quartiles[2]}
-        # paired ratios (round by round) are robust to drift in the machine's load over the run
+            q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+            per_side[side] = {"median": statistics.median(values), "q1": q1, "q3": q3}
         paired = [a[key] / b[key] for a, b in zip(samples["patched"], samples["removed"], strict=True)]
-        summary[key] = {
-            **per_side,
-            "ratio_of_medians": ratio(per_side["patched"]["median"], per_side["removed"]["median"]),
-            "median_paired_ratio": statistics.median(paired),
-        }
+        ratios = {"ratio_of_medians": ratio(per_side["patched"]["median"], per_side["removed"]["median"])}
+        summary[key] = {**per_side, **ratios, "median_paired_ratio": statistics.median(paired)}
     return summary
 
 
@@ -102,26 +63,17 @@ def markdown(data: dict[str, Any]) -> str:
     rows = []
     for key, label in (("construct_ms", "`Trainer(...)`"), ("fit_ms", f"`fit` ({data['steps']} steps, BoringModel)")):
         s = data["summary"][key]
-        rows.append(
-            [
-                label,
-                f"{fmt(s['patched']['median'], '.2f')} ms ({fmt(s['patched']['q1'], '.2f')} to "
-                f"{fmt(s['patched']['q3'], '.2f')})",
-                f"{fmt(s['removed']['median'], '.2f')} ms ({fmt(s['removed']['q1'], '.2f')} to "
-                f"{fmt(s['removed']['q3'], '.2f')})",
-                fmt(s["ratio_of_medians"], ".3f", "x"),
-                fmt(s["median_paired_ratio"], ".3f", "x"),
-            ]
-        )
+        sides = [f"{s[x]['median']:.2f} ms ({s[x]['q1']:.2f} to {s[x]['q3']:.2f})" for x in SIDES]
+        rows.append([label, *sides, fmt(s["ratio_of_medians"], ".3f", "x"), fmt(s["median_paired_ratio"], ".3f", "x")])
     headers = ("what", "patched, `use_compile=None`", "patch removed", "ratio of medians", "median paired ratio")
     return "\n\n".join(
         [
             report_header("Zero cost: the patch with `use_compile=None` against no patch", data),
-            f"One process, {data['rounds']} rounds per side, alternating (A/B, then B/A), after one warm-up round each;"
-            " `lightning_compile_patch.remove()` / `apply()` switch between the sides, and each switch is checked"
-            " (the Trainer's signature has `use_compile` only when patched). Medians with the interquartile range;"
-            " ratios are patched / removed (1.00 = no cost). The paired ratio compares the two runs of the same round."
-            f" {data['threads']} torch thread(s).",
+            f"One process, {data['rounds']} rounds per side, alternating (A/B, then B/A), after one warm-up round"
+            " each; `lightning_compile_patch.remove()` / `apply()` switch between the sides, and each switch is"
+            " checked (the Trainer's signature has `use_compile` only when patched). Medians with the interquartile"
+            " range; ratios are patched / removed (1.00 = no cost). The paired ratio compares the two runs of the same"
+            f" round. {data['threads']} torch thread(s).",
             markdown_table(headers, rows),
         ]
     )
@@ -134,34 +86,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    import logging
-
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no per-fit info lines
-    machine = machine_info()  # before the rounds: the load average at the start
+    data = new_report("zero_cost", argv, rounds=args.rounds, steps=args.steps, threads=1)  # the load before the rounds
     samples: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     for side in SIDES:  # warm-up: imports, first-call caches
         one_round(side, args.steps)
     for i in range(args.rounds):
-        order = SIDES if i % 2 == 0 else SIDES[::-1]
-        for side in order:
+        for side in SIDES if i % 2 == 0 else SIDES[::-1]:
             samples[side].append(one_round(side, args.steps))
     lightning_compile_patch.apply()
-    data = {
-        "benchmark": "zero_cost",
-        "stem": "zero_cost",
-        "rounds": args.rounds,
-        "steps": args.steps,
-        "threads": torch.get_num_threads(),
-        "command": command_line(argv),
-        "machine": machine,
-        "date": now(),
-        "samples": samples,
-        "summary": summarize(samples),
-    }
-    write_report(args.out, "zero_cost", data, markdown(data))
+    data.update(samples=samples, summary=summarize(samples))
+    write_report(args.out, data, markdown(data))
     print(markdown(data))
-    if args.out.resolve() == RESULTS_DIR.resolve():
-        print(f"updated {update_index()}")
     return 0
 
 

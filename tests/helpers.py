@@ -166,6 +166,10 @@ class StateProbe(Callback):
     def _record(self, trainer: Trainer, stage: str) -> None:
         self.seen.setdefault(stage, compiled_state(trainer))
 
+    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        # before the strategy's setup: Lightning's own path compiles here, ours only after the wrap
+        self.seen.setdefault("setup", {"stock_compiled": pl_module._compiler_ctx is not None})
+
     def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
         self._record(trainer, "train")
 
@@ -246,11 +250,11 @@ def demo_gpt() -> Any:
 
 
 def lightning_side(name: str) -> Any:
-    """A Lightning-side module: ``lightning.pytorch.utilities.compile_<name>`` on a patched Lightning, else ours."""
+    """A feature module (``regions``, ``cache``, ...): Lightning's on a patched Lightning, else ours."""
     try:
-        return importlib.import_module(f"lightning.pytorch.utilities.compile_{name}")
+        return importlib.import_module(f"lightning.pytorch.trainer.connectors.compile_features.{name}")
     except ImportError:
-        return importlib.import_module(f"lightning_compile_patch.{name}")
+        return importlib.import_module(f"lightning_compile_patch.features.{name}")
 
 
 def connector_module() -> Any:
@@ -259,3 +263,15 @@ def connector_module() -> Any:
         return importlib.import_module("lightning.pytorch.trainer.connectors.compile_connector")
     except ImportError:
         return importlib.import_module("lightning_compile_patch.connector")
+
+
+def feature(trainer: Trainer, name: str) -> Any:
+    """The Trainer's feature object of the ``use_compile`` feature module ``name`` (``run_summary``, ...)."""
+    found = [f for f in trainer._compile_connector.features if type(f).__module__.rpartition(".")[2] == name]
+    assert len(found) == 1, f"no feature of the module {name!r} on this Trainer"
+    return found[0]
+
+
+def last_summary(trainer: Trainer) -> Any:
+    """What the compiler did in the Trainer's last run that compiled anything (the run summary feature's record)."""
+    return feature(trainer, "run_summary").last_summary

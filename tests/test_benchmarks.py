@@ -1,115 +1,212 @@
-"""Smoke tests of ``benchmarks/``: every path of ``bench.py`` runs and reports; the GPU probe and session are sound.
+"""Smoke tests of ``benchmarks/``: the harness, the arithmetic of each table, and every command the docs name.
 
-Benchmarks measure and do not assert; these only check that the tools work (``--smoke``: a tiny GPT, backend
-``aot_eager``, a few steps, one strategy), writing into a temporary directory rather than ``docs/``. The GPU probe runs
-on CPU, where its designs must agree on the loss; the prepared GPU session is checked for what can be checked without
-a GPU: its syntax and the options it passes.
+Benchmarks measure and do not assert; these check the tools, in well under a minute: one short ``bench.py --smoke`` run
+(a tiny GPT, backend ``aot_eager``, three paths, each in a fresh process) into a temporary directory; each script's
+table computed from hand-made results, where every ratio is known; the GPU probe on CPU; and the commands that
+``docs/`` and ``gpu_session.sh`` name, which must exist with the options they pass.
 """
 
+import ast
+import importlib.util
+import itertools
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks" / "bench.py"
-REQUIRED = ("eager", "stock", "whole", "regional", "cache_cold", "cache_warm", "plain_loop")
-COMPILED = ("stock", "whole", "regional", "cache_cold", "cache_warm", "plain_loop")
-METRICS = ("first_step_s", "steady_step_ms", "tokens_per_s", "peak_memory_mib")
-COUNTS = ("graphs", "recompiles", "graph_breaks_other", "graph_breaks_intentional")
+BENCHMARKS = ROOT / "benchmarks"
+PROBE = ROOT / "docs" / "repros" / "regions_gpu_probe.py"
+GPU_SESSION = BENCHMARKS / "gpu_session.sh"
+SMOKE_PATHS = ("stock", "whole", "plain_loop")
+MACHINE = {"cpu": "a CPU", "usable_cores": 2, "load_average_at_start": [1.0], "platform": "Linux", "python": "3.11"}
+MACHINE.update(torch="2.13.0", lightning="2.6.6", cuda=None, gpu=None)
+
+
+def benchmark_script(name):
+    """A script of ``benchmarks/``, imported (it imports the package: only for ``package_only`` tests)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def options_of(script):
+    """The options a script's argument parser defines, read from its source."""
+    return set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", script.read_text()))
+
+
+def constant(script, name):
+    """A module-level tuple or dict of literals in a script, read from its source."""
+    for node in ast.parse(script.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{script} has no {name}")
 
 
 @pytest.mark.slow
 @pytest.mark.package_only  # the benchmarks import the package; the run against a patched Lightning has none
-def test_bench_smoke_runs_every_path_in_a_fresh_process_and_reports_it(tmp_path):
-    out = tmp_path / "out"
+def test_bench_smoke_runs_each_path_in_a_fresh_process_and_reports_it(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
     parent_cache = tmp_path / "parent-inductor-cache"  # must not reach any benchmark process
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(parent_cache)}
-    command = [sys.executable, str(BENCH), "--smoke", "--strategies", "auto", "--out", str(out)]
-    command += ["--workdir", str(tmp_path / "work")]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    command = [sys.executable, str(BENCHMARKS / "bench.py"), "--smoke", "--paths", ",".join(SMOKE_PATHS)]
+    command += ["--steps", "3", "--out", str(out), "--workdir", str(work)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
 
     data = json.loads((out / "smoke.json").read_text())
     assert data["complete"]
-    assert data["machine"]["torch"]
-    assert data["machine"]["lightning"]
-    assert data["command"]
+    assert data["command"].startswith("python benchmarks/bench.py --smoke")
     runs = {r["name"]: r for r in data["results"]}
-    assert set(REQUIRED) <= set(runs), sorted(runs)
-    for name in REQUIRED:
-        run = runs[name]
+    assert set(runs) == set(SMOKE_PATHS)
+    for name, run in runs.items():
         assert run["status"] == "ok", (name, run.get("error"))
-        for metric in METRICS:
-            assert run[metric] > 0, (name, metric, run[metric])
-        for count in COUNTS:
-            assert isinstance(run[count], int), (name, count)
-            assert run[count] >= 0, (name, count)
-        # a fresh process each, and never the parent's inductor cache
-        assert str(parent_cache) != run["inductor_dir_at_start"], name
+        assert len(run["step_times_ms"]) == 3, name
+        assert min(run["first_step_s"], run["steady_step_ms"], run["peak_memory_mib"]) > 0, name
+        assert run["graphs"] >= 1, name  # every one of these paths compiles
+        # each in its own fresh process, with its own new inductor cache, never the parent's
+        assert run["inductor_dir_at_start"] == str(work / run["strategy"] / name / "inductor"), name
     assert len({r["pid"] for r in runs.values()}) == len(runs)
-    for name in ("cache_cold", "cache_warm"):
-        assert runs[name]["inductor_dir_at_start"] is None  # the package points inductor at the cache dir itself
-    for name in set(REQUIRED) - {"cache_cold", "cache_warm"}:
-        assert runs[name]["inductor_dir_at_start"].startswith(str(tmp_path / "work"))
-    # importing lightning in bench.py itself may create the directory, but nothing may be written into it
     assert not parent_cache.exists() or not any(parent_cache.iterdir())
-
-    assert runs["eager"]["graphs"] == 0
-    for name in COMPILED:
-        assert runs[name]["graphs"] >= 1, name
-    assert runs["regional"]["graph_breaks_intentional"] >= 1  # the region boundaries, counted apart
-    assert runs["whole"]["compile_summary"]["graphs"] >= 1
-    assert runs["stock"]["steady_vs_stock"] == pytest.approx(1.0)
-    assert runs["plain_loop"]["steady_vs_plain_loop"] == pytest.approx(1.0)
-    assert runs["whole"]["first_step_vs_whole"] == pytest.approx(1.0)
-
+    # the three paths train the same seeded model on the same data: the same last loss
+    losses = {name: run["final_loss"] for name, run in runs.items()}
+    assert losses["whole"] == pytest.approx(losses["plain_loop"], rel=1e-5), losses
+    assert losses["stock"] == pytest.approx(losses["plain_loop"], rel=1e-5), losses
+    assert runs["whole"]["compile_summary"]["graphs"] == runs["whole"]["graphs"]
+    # each ratio against the right baseline, computed here from the raw times
+    whole, stock, plain = runs["whole"], runs["stock"], runs["plain_loop"]
+    assert whole["steady_vs_stock"] == pytest.approx(whole["steady_step_ms"] / stock["steady_step_ms"])
+    assert whole["steady_vs_plain_loop"] == pytest.approx(whole["steady_step_ms"] / plain["steady_step_ms"])
+    assert stock["first_step_vs_whole"] == pytest.approx(stock["first_step_s"] / whole["first_step_s"])
     table = (out / "smoke.md").read_text()
-    for name in REQUIRED:
-        assert f"`{name}`" in table
+    for name, run in runs.items():
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{name}`"))
+        assert f"| {run['steady_step_ms']:.1f} ms |" in row, name
 
 
-PROBE = ROOT / "benchmarks" / "regions_gpu_probe.py"
-GPU_SESSION = ROOT / "benchmarks" / "gpu_session.sh"
-PROBE_VARIANTS = ("whole", "regions+rest+step", "regions+step", "regions-eager-step", "block.compile()")
+def bench_result(name, strategy, steady_ms, first_s, **extra):
+    counts = {"graphs": 1, "recompiles": 0, "graph_breaks_other": 0, "graph_breaks_intentional": 0}
+    row = {"name": name, "strategy": strategy, "status": "ok", "steady_step_ms": steady_ms, "first_step_s": first_s}
+    return {**row, "tokens_per_s": 1000.0, "peak_memory_mib": 100.0, "final_loss": 1.5, **counts, **extra}
+
+
+@pytest.mark.package_only
+def test_bench_table_compares_each_path_with_its_own_strategys_baselines():
+    bench = benchmark_script("bench")
+    results = [
+        bench_result("stock", "auto", 10.0, 4.0),
+        bench_result(
+            "whole", "auto", 8.0, 2.0, graph_breaks_other=1, compile_summary={"graph_breaks": 3, "expected_breaks": 2}
+        ),
+        bench_result("regional", "auto", 12.0, 1.0),
+        {"name": "stock_logging", "strategy": "auto", "status": "error", "error": "InternalTorchDynamoError: x | y"},
+        bench_result("whole", "ddp", 9.0, 3.0),
+        bench_result("plain_loop", "none", 16.0, 5.0),
+    ]
+    bench.ratios(results)
+    auto_whole, regional, ddp_whole = results[1], results[2], results[4]
+    assert auto_whole["steady_vs_stock"] == pytest.approx(0.8)
+    assert auto_whole["steady_vs_plain_loop"] == pytest.approx(0.5)
+    assert regional["first_step_vs_whole"] == pytest.approx(0.5)
+    assert ddp_whole["steady_vs_stock"] is None  # no stock under ddp: never another strategy's stock
+    assert ddp_whole["first_step_vs_whole"] == pytest.approx(1.0)
+    data = {"stem": "cpu", "mode": "cpu", "command": "python benchmarks/bench.py", "date": "today", "steps": 4}
+    data.update(machine=MACHINE, description="a GPT", warmup=1, backend="inductor", results=results, complete=True)
+    auto, ddp = bench.markdown(data).split('## DDP, world size 1 (`strategy="ddp"`)')
+    whole_row = next(line for line in auto.splitlines() if line.startswith("| `whole`"))
+    assert "| 8.0 ms |" in whole_row
+    assert "| 1 (1) |" in whole_row  # 3 breaks in the run summary, 2 of them expected
+    assert "| 0.80x | 0.50x | 1.00x |" in whole_row
+    assert "failed: InternalTorchDynamoError: x \\| y" in auto
+    assert "| `plain_loop` (no strategy) | 5.00 s | 16.0 ms |" in auto
+    assert "| `plain_loop` (no strategy) |" in ddp
+    assert "| — | 0.56x | 1.00x |" in next(line for line in ddp.splitlines() if line.startswith("| `whole`"))
+
+
+@pytest.mark.package_only
+def test_optimize_ddp_and_regions_depth_and_zero_cost_tables_from_known_numbers():
+    optimize_ddp = benchmark_script("optimize_ddp")
+    ok = {"status": "ok", "graphs": 1, "graph_breaks_other": 0, "first_step_s": 1.0}
+    results = {
+        "optimize_ddp=True@2": {**ok, "steady_step_ms": 50.0, "steady_backward_ms": 30.0},
+        "optimize_ddp=False@2": {**ok, "steady_step_ms": 52.0, "steady_backward_ms": 30.0},
+        "eager@2": {**ok, "steady_step_ms": 65.0, "steady_backward_ms": 40.0},
+        "optimize_ddp=False@1": {**ok, "steady_step_ms": 36.0, "steady_backward_ms": 16.0},
+        "eager@1": {**ok, "steady_step_ms": 35.0, "steady_backward_ms": 17.0},
+        "allreduce": {"status": "ok", "allreduce_ms": 10.0, "allreduce_min_ms": 7.0, "megabytes": 13.2},
+    }
+    results["optimize_ddp=False@2"]["ddp_reducer_buckets"] = {"bucket_bytes": [4_000_000, 5_000_000, 4_000_000]}
+    model = optimize_ddp.paper_model(results)
+    assert model["B"] == 3
+    assert model["hideable_compiled_ms"] == pytest.approx(10.0 - 10.0 / 3)  # min(A, T) - A/B, T = 16 ms
+    assert model["measured_saving_ms"] == pytest.approx(2.0)
+    row = optimize_ddp._row(results, 2, "optimize_ddp=True")
+    assert row[3:5] == ["0.962x", "0.769x"]  # against False and against eager, of the same world size
+    combined = optimize_ddp.combine([{**ok, "steady_step_ms": t} for t in (3.0, 1.0, 2.0)] + [{"status": "error"}])
+    assert (combined["steady_step_ms"], combined["repeats_ok"], combined["repeats"]) == (2.0, 3, 4)
+
+    regions_depth = benchmark_script("regions_depth")
+    depth = {"depths": [12], "toolchains": ["empty"], "results": {}}
+    depth["results"]["whole-12"] = {**ok, "first_step_s": 30.0, "steady_step_ms": 40.0, "parameters": 640_000}
+    depth["results"]["regional-12"] = {**ok, "first_step_s": 15.0, "steady_step_ms": 46.0, "graphs": 7}
+    cells = regions_depth._row(depth, 12, "empty")
+    assert cells[2:9] == ["0.64M", "30.0 s", "15.0 s", "0.50x", "40.0 ms", "46.0 ms", "1.15x"]
+    assert cells[9] == "1 / 7"
+
+    zero_cost = benchmark_script("zero_cost")
+    samples = {"patched": [{"construct_ms": 2.0, "fit_ms": 5.0}] * 3, "removed": [{"construct_ms": 4.0, "fit_ms": 5.0}]}
+    samples["removed"] = samples["removed"] * 3
+    summary = zero_cost.summarize(samples)
+    assert summary["construct_ms"]["ratio_of_medians"] == pytest.approx(0.5)
+    assert summary["fit_ms"]["median_paired_ratio"] == pytest.approx(1.0)
 
 
 @pytest.mark.slow
 @pytest.mark.package_only
-def test_gpu_probe_runs_every_design_on_cpu_with_the_same_loss(tmp_path):
-    """The GPU probe, run on CPU with ``aot_eager``: every regional design trains to the whole model's loss."""
-    command = [sys.executable, str(PROBE), "--device", "cpu", "--backend", "aot_eager", "--layers", "2"]
-    command += ["--steps", "4", "--variants", ",".join(PROBE_VARIANTS), "--profile", str(tmp_path / "profile")]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = {}
-    for line in result.stdout.splitlines():
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        if cells[0] in PROBE_VARIANTS:
-            rows[cells[0]] = float(cells[-1])
-    assert set(rows) == set(PROBE_VARIANTS), result.stdout
-    for variant, loss in rows.items():
-        assert loss == pytest.approx(rows["whole"], rel=1e-4), variant
+def test_gpu_probe_runs_the_session_designs_on_cpu_with_the_same_loss(tmp_path):
+    """The probe ``gpu_session.sh`` runs, on CPU with ``aot_eager``: the regional design trains to the whole's loss."""
+    spec = importlib.util.spec_from_file_location("regions_gpu_probe", PROBE)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    args = SimpleNamespace(device="cpu", backend="aot_eager", layers=2, steps=2)
+    rows = {v: probe.run(v, args, tmp_path / "profile") for v in ("whole", "regions+rest+step")}
+    losses = {v: float(row.strip(" |").split("|")[-1]) for v, row in rows.items()}
+    assert losses["regions+rest+step"] == pytest.approx(losses["whole"], rel=1e-5)
     assert {p.name for p in (tmp_path / "profile").iterdir()} >= {"whole.txt", "regions+rest+step.json"}
 
 
-@pytest.mark.package_only
-def test_gpu_session_script_calls_only_options_the_scripts_have():
-    """``gpu_session.sh`` waits for a GPU; until then, its syntax and every option it passes are checked here."""
+def named_commands():
+    """Every ``python benchmarks/...`` or ``python docs/repros/...`` command in the docs and the GPU session."""
+    texts = [p.read_text() for p in (ROOT / "README.md", *ROOT.glob("docs/**/*.md"))]
+    commands = [c for text in texts for c in re.findall(r"`(python (?:benchmarks|docs/repros)/[^`]+)`", text)]
+    session = GPU_SESSION.read_text().replace("\\\n", " ").replace('"$NOTE"', "note")
+    commands += [line.split(None, 3)[3] for line in session.splitlines() if line.startswith("part ")]
+    return [c for c in commands if c.startswith("python ") and " -c " not in c and " -m " not in c]
+
+
+def test_every_command_the_docs_and_the_gpu_session_name_exists_with_its_options():
+    """The measured figures stay reproducible by the commands next to them; ``gpu_session.sh`` waits for a GPU."""
     subprocess.run(["bash", "-n", str(GPU_SESSION)], check=True)
-    text = GPU_SESSION.read_text().replace("\\\n", " ")
-    calls = [line.split("python ", 1)[1] for line in text.splitlines() if "python benchmarks/" in line]
-    calls += [line.split("python ", 1)[1] for line in text.splitlines() if "python examples/" in line]
-    assert len(calls) >= 4, calls
-    for call in calls:
-        script, *arguments = call.split()
-        options = {argument for argument in arguments if argument.startswith("--")}
-        assert (ROOT / script).exists(), script
-        helptext = subprocess.run(
-            [sys.executable, str(ROOT / script), "--help"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout
-        missing = [option for option in options if option not in helptext]
-        assert not missing, (script, missing)
+    commands = named_commands()
+    assert any("gpu_session" not in c and "bench.py --mode cpu" in c for c in commands), commands
+    assert sum("docs/repros/regions_gpu_probe.py" in c for c in commands) >= 3, commands  # the docs' two, the session's
+    for command in commands:
+        script, *arguments = shlex.split(command)[1:]
+        assert (ROOT / script).is_file(), command
+        given = {argument.split("=")[0] for argument in arguments if argument.startswith("--")}
+        assert given <= options_of(ROOT / script) | {"--help"}, command
+        values = dict(itertools.pairwise(arguments))
+        if "--variants" in values:  # each a design of the probe, with an optional /MODE
+            designs = constant(PROBE, "DESIGNS")
+            assert all(v.partition("/")[0] in designs for v in values["--variants"].split(",")), command
+        for option, names in (("--paths", "PATHS"), ("--strategies", "STRATEGIES")):
+            if option in values:
+                assert set(values[option].split(",")) <= set(constant(ROOT / script, names)), command

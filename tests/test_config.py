@@ -10,11 +10,40 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies import Strategy
 
 
+def record_compile_calls(monkeypatch):
+    """From now on, records the arguments of every `torch.compile` call, and compiles with the `eager` backend."""
+    calls = []
+    compile_ = torch.compile
+
+    def recording(model=None, **kwargs):
+        calls.append(kwargs)
+        kept = {key: value for key, value in kwargs.items() if key not in ("backend", "mode", "options")}
+        return compile_(model, backend="eager", **kept)
+
+    monkeypatch.setattr(torch, "compile", recording)
+    return calls
+
+
 @pytest.mark.parametrize(
-    "value", [True, False, None, {}, {"backend": "eager"}, {"backend": "aot_eager", "dynamic": False}]
+    ("value", "compile_kwargs"),
+    [
+        (True, {}),
+        ({}, {}),
+        (False, None),
+        (None, None),
+        ({"backend": "eager"}, {"backend": "eager"}),
+        ({"backend": "aot_eager", "dynamic": False}, {"backend": "aot_eager", "dynamic": False}),
+    ],
 )
-def test_accepts_bool_none_and_dict(value):
-    Trainer(use_compile=value, **QUIET)
+def test_accepts_bool_none_and_dict_and_compiles_with_exactly_its_arguments(value, compile_kwargs, monkeypatch):
+    trainer = Trainer(use_compile=value, max_steps=1, limit_val_batches=0, **QUIET)
+    calls = record_compile_calls(monkeypatch)
+    trainer.fit(BoringModel())
+    if compile_kwargs is None:
+        assert calls == []  # None with a plain model, and False: nothing compiled
+    else:
+        assert calls
+        assert all(kwargs == compile_kwargs for kwargs in calls), calls  # nothing added, dropped or changed
 
 
 @pytest.mark.parametrize("value", [1, 0, "true", ["eager"], 1.0, object()])
@@ -39,11 +68,21 @@ def test_unknown_backend_lists_the_registered_ones():
     assert "register_backend" in str(err.value)
 
 
-def test_backend_may_be_a_callable():
-    def backend(gm, example_inputs):
-        return gm.forward
+def test_backend_may_be_a_callable_and_its_compiled_code_runs():
+    compiled, ran = [], []
 
-    Trainer(use_compile={"backend": backend}, **QUIET)
+    def backend(gm, example_inputs):
+        compiled.append(gm)
+
+        def run(*args):
+            ran.append(len(compiled))
+            return gm.forward(*args)
+
+        return run
+
+    Trainer(use_compile={"backend": backend}, max_steps=1, limit_val_batches=0, **QUIET).fit(BoringModel())
+    assert compiled  # the callable itself compiled the graphs
+    assert ran  # and what it returned ran
 
 
 def test_backend_of_wrong_type():
@@ -68,8 +107,13 @@ def test_unknown_inductor_option():
         Trainer(use_compile={"options": {"shape_paddin": True}}, **QUIET)
 
 
-def test_options_of_other_backends_pass_through():
-    Trainer(use_compile={"backend": "aot_eager", "options": {"anything": 1}}, **QUIET)
+def test_options_of_other_backends_pass_through_to_torch_compile(monkeypatch):
+    value = {"backend": "aot_eager", "options": {"anything": 1}}
+    trainer = Trainer(use_compile=value, max_steps=1, limit_val_batches=0, **QUIET)
+    calls = record_compile_calls(monkeypatch)
+    trainer.fit(BoringModel())
+    assert calls
+    assert all(kwargs == value for kwargs in calls), calls  # not checked against inductor's settings, not dropped
 
 
 @pytest.mark.parametrize(
@@ -114,7 +158,9 @@ class _UnsupportedStrategy(Strategy):
 def test_unsupported_strategy_fails_at_construction(tmp_path):
     strategy = _UnsupportedStrategy(accelerator=CPUAccelerator())
     assert isinstance(strategy, Strategy)
-    with pytest.raises(ValueError, match=r"does not support the strategy `_UnsupportedStrategy`.*use_compile=False"):
+    with pytest.raises(
+        RuntimeError, match=r"`use_compile` is incompatible with the current strategy: `_Unsupp.*`use_compile`"
+    ):
         Trainer(
             strategy=strategy,
             use_compile=True,
@@ -124,19 +170,19 @@ def test_unsupported_strategy_fails_at_construction(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unsupported_strategy_is_fine_without_use_compile():
-    Trainer(
-        strategy=_UnsupportedStrategy(accelerator=CPUAccelerator()),
-        **{**QUIET, "devices": "auto", "accelerator": "auto"},
-    )
+@pytest.mark.parametrize("use_compile", [None, False])
+def test_unsupported_strategy_is_fine_without_use_compile(use_compile):
+    strategy = _UnsupportedStrategy(accelerator=CPUAccelerator())
+    trainer = Trainer(strategy=strategy, use_compile=use_compile, **{**QUIET, "devices": "auto", "accelerator": "auto"})
+    assert trainer.strategy is strategy  # neither refused nor replaced: only `use_compile` needs a supported one
 
 
 def test_deepspeed_is_rejected():
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     strategy = object.__new__(DeepSpeedStrategy)  # constructing it needs deepspeed, which this suite does not install
-    with pytest.raises(ValueError, match="does not support the strategy `DeepSpeedStrategy`"):
-        connector_module()._verify_strategy_supports_use_compile(strategy)
+    with pytest.raises(RuntimeError, match="incompatible with the current strategy: `DeepSpeedStrategy`"):
+        connector_module()._verify_strategy_supports_compile(None, strategy)
 
 
 def test_bad_input_changes_no_weight(tmp_path):
@@ -150,6 +196,13 @@ def test_bad_input_changes_no_weight(tmp_path):
 
 def test_environment_variable_sets_use_compile(monkeypatch):
     """Lightning reads `PL_TRAINER_<ARGUMENT>` for every Trainer argument; `use_compile` is one of them."""
-    monkeypatch.setenv("PL_TRAINER_USE_COMPILE", "{'backend': 'eager'}")
-    assert Trainer(**QUIET)._compile_connector.config.compile_kwargs == {"backend": "eager"}
-    assert Trainer(use_compile=False, **QUIET)._compile_connector.config is None  # an explicit argument wins
+    monkeypatch.setenv("PL_TRAINER_USE_COMPILE", "{'backend': 'eager', 'dynamic': False}")
+    from_environment = Trainer(max_steps=1, limit_val_batches=0, **QUIET)
+    explicit = Trainer(use_compile=False, max_steps=1, limit_val_batches=0, **QUIET)  # an explicit argument wins
+    calls = record_compile_calls(monkeypatch)
+    from_environment.fit(BoringModel())
+    assert calls
+    assert all(kwargs == {"backend": "eager", "dynamic": False} for kwargs in calls), calls
+    calls.clear()
+    explicit.fit(BoringModel())
+    assert calls == []

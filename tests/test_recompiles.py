@@ -2,25 +2,27 @@
 
 Why these budgets: every code object we compile holds at most one cache entry per combination of
 
-* grad mode: training steps run with grad, evaluation steps under inference mode (DDP routes both through the same
-  redirected forward while fitting, so that one code object sees both);
+* grad mode: training steps run with grad, evaluation steps without (DDP routes both through the same redirected
+  forward while fitting, so that one code object sees both); a standalone `validate` feeds inference tensors (made
+  under inference mode), another dispatch state for a code object that `fit` validated with;
 * batch shape: the last, partial batch changes the batch size once; automatic dynamic shapes then recompile that code
   once as dynamic, and the dynamic entry serves every later size.
 
-That is at most 2 x 2 = 4 entries per code object, half of Dynamo's default limit of 8.
+That is at most 2 x 2 = 4 entries per code object, half of Dynamo's default limit of 8. Each stage's graphs follow from
+which code objects it runs (see `GRAPHS`), and every graph after the first of its code object is a recompile.
 """
 
 import logging
 
 import pytest
+from torch._dynamo.utils import get_compilation_metrics
 from torch.utils.data import DataLoader
 
-from helpers import QUIET, LoggingModel, dynamo_stats
+from helpers import QUIET, CountingBackend, LoggingModel, dynamo_stats, last_summary
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import RandomDataset
 
 MAX_ENTRIES_PER_CODE = 4  # see the module docstring; Dynamo's limit is 8
-COMPILE = {"backend": "eager"}
 
 
 class PartialBatches(LoggingModel):
@@ -35,28 +37,46 @@ class PartialBatches(LoggingModel):
     test_dataloader = predict_dataloader = val_dataloader
 
 
-@pytest.mark.parametrize(
-    ("strategy", "max_graphs", "max_recompiles"),
-    [
-        # fit: train + val, each static then dynamic (4); validate: the inference-mode batch (1); test, predict: 2 each
-        ("auto", 9, 5),
-        # fit through DDP: the redirected forward is one code object for train and val (2 x 2), plus contextlib frames
-        # that Dynamo compiles around DDP's intended graph break (8 on torch 2.13); torch 2.14 also compiles the frame
-        # that wraps DDP's forward, once per grad mode x shape (+3); validate/test/predict run without the wrapper
-        ("ddp", 10, 11),
-    ],
-)
-def test_fit_validate_test_predict_stay_within_budget(strategy, max_graphs, max_recompiles, caplog):
+#: The graphs each stage may compile, derived from the module docstring, and the code objects that hold them.
+GRAPHS = {
+    # one device: each step method is a code object of its own. fit: training_step and validation_step, each static
+    # for the batches of 8, then dynamic after the partial batch; validate: validation_step once more, for inference
+    # tensors, with the batch size already dynamic; test, predict: a new code object each, static then dynamic
+    "auto": {"fit": 2 + 2, "validate": 1, "test": 2, "predict": 2},
+    # DDP: while fitting, training and validation run through one code object, the wrapper's redirected forward:
+    # 2 grad modes x (static, dynamic). validate/test/predict run without the wrapper, as on one device, so that
+    # validation_step is a new code object there: static, then dynamic
+    "ddp": {"fit": 2 * 2, "validate": 2, "test": 2, "predict": 2},
+}
+CODE_OBJECTS = {"auto": 4, "ddp": 4}  # auto: the 4 step methods; ddp: the redirected forward, then 3 step methods
+
+
+def graph_recompiles():
+    """Recompiles of frames that made a graph (Dynamo also compiles graphless frames around DDP's graph break)."""
+    return sum(1 for m in get_compilation_metrics() if m.cache_size and m.backend_compile_time_s is not None)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_fit_validate_test_predict_stay_within_budget(strategy, caplog):
     model = PartialBatches()
-    trainer = Trainer(strategy=strategy, use_compile={"backend": "eager"}, max_epochs=2, **QUIET)
+    backend = CountingBackend(f"budget-{strategy}")
+    trainer = Trainer(strategy=strategy, use_compile={"backend": backend}, max_epochs=2, **QUIET)
+    stages = {
+        "fit": lambda: trainer.fit(model),
+        "validate": lambda: trainer.validate(model, verbose=False),
+        "test": lambda: trainer.test(model, verbose=False),
+        "predict": lambda: trainer.predict(model),
+    }
+    graphs, calls = {}, {}
     with caplog.at_level(logging.WARNING, logger="torch._dynamo"):
-        trainer.fit(model)
-        trainer.validate(model, verbose=False)
-        trainer.test(model, verbose=False)
-        trainer.predict(model)
+        for stage, run in stages.items():
+            graphs_before, calls_before = backend.graphs, backend.calls
+            run()
+            graphs[stage], calls[stage] = backend.graphs - graphs_before, backend.calls - calls_before
+    assert all(n > 0 for n in calls.values()), calls  # every stage ran compiled code
+    assert all(graphs[stage] <= budget for stage, budget in GRAPHS[strategy].items()), graphs
+    assert graph_recompiles() <= sum(GRAPHS[strategy].values()) - CODE_OBJECTS[strategy]
     stats = dynamo_stats()
-    assert stats.graphs <= max_graphs
-    assert stats.recompiles <= max_recompiles
     assert stats.max_entries_per_code <= MAX_ENTRIES_PER_CODE
     assert stats.unintended_breaks == 0
     assert "recompile_limit" not in caplog.text
@@ -74,14 +94,21 @@ def test_fit_with_validation_within_budget(strategy):
 
 @pytest.mark.parametrize("strategy", ["auto", "ddp"])
 def test_new_trainers_and_models_reuse_the_compiled_graphs(strategy):
-    graphs = []
+    backend = CountingBackend(f"reuse-{strategy}")
+    graphs, calls = [], []
     for _ in range(3):
-        trainer = Trainer(strategy=strategy, use_compile=COMPILE, max_steps=3, limit_val_batches=2, **QUIET)
+        trainer = Trainer(
+            strategy=strategy, use_compile={"backend": backend}, max_steps=3, limit_val_batches=2, **QUIET
+        )
+        calls_before = backend.calls
         trainer.fit(LoggingModel())
         graphs.append(dynamo_stats().graphs)
+        calls.append(backend.calls - calls_before)
     stats = dynamo_stats()
     assert graphs[0] > 0
     assert graphs == [graphs[0]] * 3
+    assert calls == [calls[0]] * 3  # each later run ran the same compiled code, none of it went eager
+    assert calls[0] >= 3 + 2  # 3 training steps and 2 validation steps, each through a compiled graph
     assert stats.max_entries_per_code <= 2
 
 
@@ -96,4 +123,4 @@ def test_hitting_the_recompile_limit_warns(monkeypatch):
     trainer = Trainer(use_compile={"backend": "eager", "dynamic": False}, max_epochs=1, limit_val_batches=0, **QUIET)
     with pytest.warns(UserWarning, match="hit Dynamo's recompile limit.*TORCH_LOGS=recompiles"):
         trainer.fit(ChangingShapes())
-    assert trainer._compile_connector.last_summary.recompile_limit_hits
+    assert last_summary(trainer).recompile_limit_hits

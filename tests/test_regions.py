@@ -9,7 +9,7 @@ from torch import nn
 from torch._dynamo.utils import get_compilation_metrics
 from torch.nn.parallel import DistributedDataParallel
 
-from helpers import QUIET, StateProbe, demo_gpt, dynamo_stats, leftovers, lightning_side, state_dict_keys
+from helpers import QUIET, StateProbe, demo_gpt, dynamo_stats, last_summary, leftovers, lightning_side, state_dict_keys
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 gpt = demo_gpt()
@@ -133,7 +133,7 @@ def test_rest_of_model_is_found_under_the_module_that_owns_the_blocks():
 
 def test_region_boundaries_count_as_intended_breaks():
     trainer, _ = fit(small_gpt(), "auto", limit_val_batches=0)
-    summary = trainer._compile_connector.last_summary
+    summary = last_summary(trainer)
     assert summary.graph_breaks > 0
     assert summary.graph_breaks == summary.expected_breaks
 
@@ -145,8 +145,9 @@ def test_every_stage_compiles_the_regions():
     trainer.fit(model)
     trainer.validate(model, verbose=False)
     trainer.predict(model, dataloaders=model.val_dataloader())
-    assert probe.seen["validate"]["compiled_steps"] == ["validation_step"]
-    assert probe.seen["predict"]["compiled_steps"] == ["predict_step"]
+    steps = ["predict_step", "test_step", "training_step", "validation_step"]
+    assert probe.seen["validate"]["compiled_steps"] == steps
+    assert probe.seen["predict"]["compiled_steps"] == steps
     assert leftovers(model) == []
 
 

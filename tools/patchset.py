@@ -1,23 +1,26 @@
-"""Generates the upstream patch series in ``patches/`` from the package's own code, and checks it for drift.
+"""Generates the upstream ladders in ``patches/`` from the package's own code, and checks them for drift.
 
-    python tools/patchset.py write --base BASE     # regenerate patches/ (BASE: see tools/lightning_base.py)
-    python tools/patchset.py check [--base BASE]   # fail if patches/ differs from what regeneration gives
+    python tools/patchset.py write --base-name 2.6.6 --base BASE   # regenerate patches/lightning-2.6.6/
+    python tools/patchset.py write --base-name master --base REPO  # regenerate patches/lightning-master/
+    python tools/patchset.py check [--base-name NAME --base PATH]  # fail if patches/ differs from a regeneration
 
 What each patch contains:
 
-* new source files: the package's Lightning-side modules (``flavours.UPSTREAM_MODULES``), with the features of the
-  patches so far switched on (lines tagged ``# patch: <feature>`` are kept only from that feature's patch on), imports
-  renamed to Lightning's paths, and Lightning's license header;
+* new source files: the package's Lightning-side modules (``flavours.UPSTREAM_MODULES``), with imports renamed to
+  Lightning's paths and Lightning's license header: the core (``connector``) in 0001, one feature module per later
+  patch;
 * new test files, verbatim from ``tools/upstream/tests``;
-* edits of Lightning's own files (``tools/upstream/series.py``), applied to the base.
+* edits of Lightning's own files (``tools/upstream/series.py``), applied to the base; a function that the package
+  fixes (``lightning_fixes``) replaces Lightning's.
 
 Without a base (CI has no checkout of Lightning's docs and tests), ``check`` compares everything it can regenerate
-exactly (headers, every new file) and, for each edited file, that the lines the patch removes and adds are exactly the
-ones the edits remove and add. With a base, it compares every byte.
+exactly (headers, every new file) and, for each edited file, that the lines the patch adds are exactly the ones the
+edits add (and removes the ones a text replacement removes). With a base, it compares every byte.
 
 """
 
 import argparse
+import ast
 import difflib
 import hashlib
 import re
@@ -30,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from upstream import package_module  # noqa: E402
-from upstream.series import SERIES, Patch, Replace  # noqa: E402
+from upstream.series import BASES, InsertAfter, Patch, Replace, ReplaceDef, series  # noqa: E402
 
-UPSTREAM_MODULES = package_module("flavours").UPSTREAM_MODULES
-rename_imports = package_module("flavours").rename_imports
+flavours = package_module("flavours")
+UPSTREAM_MODULES = flavours.UPSTREAM_MODULES
 
 PATCHES_DIR = ROOT / "patches"
 PACKAGE_DIR = ROOT / "src" / "lightning_compile_patch"
@@ -56,52 +59,73 @@ LICENSE_HEADER = """\
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """
-_TAG = re.compile(r"\s+# patch: (\w+)$")
+
+
+def series_dir(base_name: str) -> Path:
+    """Where the ladder for ``base_name`` lives."""
+    return PATCHES_DIR / f"lightning-{base_name}"
 
 
 def upstream_path(module: str) -> str:
     """Where a package module lives in Lightning's tree."""
-    return "src/" + UPSTREAM_MODULES[module].replace(".", "/") + ".py"
+    path = "src/" + UPSTREAM_MODULES[module].replace(".", "/")
+    return f"{path}/__init__.py" if flavours.module_path(module).name == "__init__.py" else f"{path}.py"
 
 
-def render_module(module: str, features: set[str]) -> str:
-    """A package module as Lightning code, with only ``features`` switched on."""
-    lines = (PACKAGE_DIR / f"{module}.py").read_text().splitlines()
-    tags = [_TAG.search(line) for line in lines]
-    dropped = [bool(tag) and tag.group(1) not in features for tag in tags]
-
-    def neighbour_dropped(index: int, step: int) -> bool:
-        index += step
-        while 0 <= index < len(lines) and not lines[index].strip():
-            index += step
-        return 0 <= index < len(lines) and dropped[index]
-
-    kept = []
-    for index, (line, tag) in enumerate(zip(lines, tags, strict=True)):
-        if dropped[index]:
-            continue
-        if not line.strip() and neighbour_dropped(index, -1) and neighbour_dropped(index, 1):
-            continue  # a blank line inside a feature that is off
-        kept.append(line[: tag.start()] if tag else line)
+def render_module(module: str) -> str:
+    """A package module as Lightning code."""
+    source = flavours.module_path(module).read_text()
+    if not source:
+        return source  # an empty package `__init__.py`, as Lightning's are
     renames = {f"lightning_compile_patch.{name}": target for name, target in UPSTREAM_MODULES.items()}
-    return LICENSE_HEADER + rename_imports("\n".join(kept) + "\n", renames)
+    return LICENSE_HEADER + flavours.rename_imports(source, renames)
 
 
-def features_up_to(index: int) -> set[str]:
-    """The features switched on once the patches up to ``index`` are applied."""
-    return {patch.feature for patch in SERIES[: index + 1] if patch.feature}
+def _def_span(tree: ast.Module, name: str, cls: str | None) -> tuple[int, int]:
+    """The first and last line (1-based) of the function ``name`` (a method of ``cls``), decorators included."""
+    scope: list[ast.stmt] = tree.body
+    if cls is not None:
+        scope = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    node = next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name)
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    assert node.end_lineno is not None
+    return first, node.end_lineno
 
 
-def apply_edit(content: str, edit: Replace) -> str:
-    """``content`` with ``edit`` applied; raises if ``edit.old`` does not occur exactly ``edit.count`` times."""
+def fixed_source(edit: ReplaceDef) -> str:
+    """The fixed version of a Lightning function, from the package's ``lightning_fixes``."""
+    source = (PACKAGE_DIR / "lightning_fixes.py").read_text()
+    first, last = _def_span(ast.parse(source), edit.name, edit.cls)
+    return "".join(source.splitlines(keepends=True)[first - 1 : last])
+
+
+def apply_edit(content: str, edit: Replace | InsertAfter | ReplaceDef) -> str:
+    """``content`` with ``edit`` applied; raises if the edit's anchor is not where it should be."""
+    if isinstance(edit, ReplaceDef):
+        first, last = _def_span(ast.parse(content), edit.name, edit.cls)
+        lines = content.splitlines(keepends=True)
+        return "".join([*lines[: first - 1], fixed_source(edit), *lines[last:]])
+    if isinstance(edit, InsertAfter):
+        lines = content.splitlines(keepends=True)
+        # in a CHANGELOG, only the unreleased section: older releases repeat some lines
+        start = next((i for i, line in enumerate(lines) if line.startswith("## [unreleased]")), 0)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## [")), len(lines))
+        found = [i for i in range(start, end) if lines[i].startswith(edit.prefix)]
+        if len(found) != 1:
+            raise ValueError(f"{edit.path}: expected one line starting with {edit.prefix!r}, found {len(found)}")
+        return "".join([*lines[: found[0] + 1], edit.text, *lines[found[0] + 1 :]])
     found = content.count(edit.old)
     if found != edit.count:
         raise ValueError(f"{edit.path}: expected {edit.count} occurrence(s) of {edit.old[:80]!r}, found {found}")
     return content.replace(edit.old, edit.new)
 
 
-def edit_line_changes(edit: Replace) -> tuple[list[str], list[str]]:
-    """The lines an edit removes and adds, each list repeated ``edit.count`` times. Edits replace whole lines."""
+def edit_line_changes(edit: Replace | InsertAfter | ReplaceDef) -> tuple[list[str] | None, list[str]]:
+    """The lines an edit removes (``None``: unknown without the base) and adds. Edits replace whole lines."""
+    if isinstance(edit, ReplaceDef):
+        return None, fixed_source(edit).splitlines()
+    if isinstance(edit, InsertAfter):
+        return [], edit.text.splitlines()
     removed, added = [], []
     for line in difflib.ndiff(edit.old.splitlines(), edit.new.splitlines()):
         if line.startswith("- "):
@@ -134,7 +158,7 @@ def file_diff(path: str, before: str | None, after: str) -> str:
 
 @dataclass
 class Base:
-    """Lightning's tree the series applies to; files it lacks read as ``None``."""
+    """Lightning's tree the ladder applies to; files it lacks read as ``None``."""
 
     root: Path | None
 
@@ -145,19 +169,25 @@ class Base:
         return (self.root / path).read_text()
 
 
-def patch_sections(base: Base) -> Iterator[tuple[Patch, dict[str, str]]]:
-    """For each patch, its file sections by path; an edited file the base lacks gets a placeholder section."""
-    state: dict[str, str | None] = {}
-    for index, patch in enumerate(SERIES):
-        features = features_up_to(index)
+_UNKNOWN_BASE = "<the base lacks this file>"
+
+
+def patch_sections(base: Base, base_name: str) -> Iterator[tuple[Patch, dict[str, str]]]:
+    """For each patch of the ladder, its file sections by path.
+
+    On ``master`` every later patch is made on 0001 alone, so that it applies there without the others; on ``2.6.6``
+    each patch is made on the one before, for a plain ``git am`` of the whole ladder.
+    """
+    state: dict[str, str] = {}
+    core_state: dict[str, str] = {}
+    for index, patch in enumerate(series(base_name)):
+        if index and base_name == "master":
+            state = dict(core_state)
         sections: dict[str, str] = {}
-        new_files = {upstream_path(module): render_module(module, features) for module in UPSTREAM_MODULES}
-        for path, content in new_files.items():
-            before = state.get(path)
-            introduced = path in {upstream_path(module) for module in patch.modules}
-            if introduced or (before is not None and before != content):
-                sections[path] = file_diff(path, before, content)
-                state[path] = content
+        for module in patch.modules:
+            path = upstream_path(module)
+            state[path] = render_module(module)
+            sections[path] = file_diff(path, None, state[path])
         for test in patch.tests:
             path = f"tests/{test}"
             sections[path] = file_diff(path, None, (UPSTREAM_TESTS / test).read_text())
@@ -172,10 +202,9 @@ def patch_sections(base: Base) -> Iterator[tuple[Patch, dict[str, str]]]:
                     after = apply_edit(after, edit)
             sections[path] = file_diff(path, before, after)
             state[path] = after
+        if index == 0:
+            core_state = dict(state)
         yield patch, sections
-
-
-_UNKNOWN_BASE = "<the base lacks this file>"
 
 
 def render_patch(number: int, total: int, patch: Patch, sections: dict[str, str]) -> str:
@@ -197,14 +226,15 @@ def patch_filename(number: int, patch: Patch) -> str:
     return f"{number:04d}-{slug}.patch"
 
 
-def generate(base: Base) -> dict[str, str]:
-    """Every patch file of the series, by file name; raises if a section needs a base file that is missing."""
+def generate(base: Base, base_name: str) -> dict[str, str]:
+    """Every patch file of the ladder, by file name; raises if a section needs a base file that is missing."""
     out = {}
-    for number, (patch, sections) in enumerate(patch_sections(base), start=1):
+    total = len(series(base_name))
+    for number, (patch, sections) in enumerate(patch_sections(base, base_name), start=1):
         missing = [path for path, section in sections.items() if section is _UNKNOWN_BASE]
         if missing:
             raise SystemExit(f"the base at {base.root} lacks {', '.join(missing)}: see tools/lightning_base.py")
-        out[patch_filename(number, patch)] = render_patch(number, len(SERIES), patch, sections)
+        out[patch_filename(number, patch)] = render_patch(number, total, patch, sections)
     return out
 
 
@@ -220,21 +250,22 @@ def split_sections(patch_text: str) -> tuple[str, dict[str, str]]:
     return head, sections
 
 
-def check(base: Base) -> list[str]:
-    """The differences between ``patches/`` and the regeneration; empty when there is no drift."""
+def check(base: Base, base_name: str) -> list[str]:
+    """The differences between ``patches/lightning-<base_name>/`` and the regeneration; empty when there is none."""
     problems = []
-    committed = {p.name: p.read_text() for p in sorted(PATCHES_DIR.glob("*.patch"))}
-    expected_names = [patch_filename(n, p) for n, p in enumerate(SERIES, start=1)]
+    folder = series_dir(base_name)
+    committed = {p.name: p.read_text() for p in sorted(folder.glob("*.patch"))}
+    ladder = series(base_name)
+    expected_names = [patch_filename(n, p) for n, p in enumerate(ladder, start=1)]
     if list(committed) != expected_names:
-        problems.append(f"patches/ holds {list(committed)}, the series is {expected_names}")
-        return problems
-    for number, (patch, sections) in enumerate(patch_sections(base), start=1):
-        name = patch_filename(number, patch)
-        head, committed_sections = split_sections(committed[name])
+        return [f"{folder.name} holds {list(committed)}, the ladder is {expected_names}"]
+    for number, (patch, sections) in enumerate(patch_sections(base, base_name), start=1):
+        name = f"{folder.name}/{patch_filename(number, patch)}"
+        head, committed_sections = split_sections(committed[patch_filename(number, patch)])
         if sorted(committed_sections) != sorted(sections):
             problems.append(f"{name}: touches {sorted(committed_sections)}, expected {sorted(sections)}")
             continue
-        if not head.endswith(f"Subject: [PATCH {number}/{len(SERIES)}] {patch.subject}\n\n{patch.body}\n---"):
+        if not head.endswith(f"Subject: [PATCH {number}/{len(ladder)}] {patch.subject}\n\n{patch.body}\n---"):
             problems.append(f"{name}: the subject or message differs from tools/upstream/series.py")
         for path, section in sections.items():
             if section is _UNKNOWN_BASE:
@@ -245,21 +276,29 @@ def check(base: Base) -> list[str]:
 
 
 def _check_edited_lines(name: str, path: str, section: str, patch: Patch) -> list[str]:
-    """Without the base file: the section must remove and add exactly the lines the edits remove and add."""
-    removed, added = [], []
+    """Without the base file: the section must add exactly the lines the edits add, and remove the known ones."""
+    removed: list[str] = []
+    added: list[str] = []
+    whole_defs = False
     for edit in patch.edits:
         if edit.path == path:
             r, a = edit_line_changes(edit)
-            removed += r
+            whole_defs |= r is None
+            removed += r or []
             added += a
-    lines = section.split("\n@@", 1)[1].splitlines()[1:] if "\n@@" in section else []
+    lines = [line for hunk in section.split("\n@@")[1:] for line in hunk.splitlines()[1:]]
     got_removed = [line[1:] for line in lines if line.startswith("-")]
     got_added = [line[1:] for line in lines if line.startswith("+")]
 
     def same(got: list[str], expected: list[str]) -> bool:  # blank lines may pair up differently in a whole file
         return sorted(filter(None, got)) == sorted(filter(None, expected))
 
-    if not (same(got_removed, removed) and same(got_added, added)):
+    if whole_defs:
+        # a function replaced whole (`ReplaceDef`) removes lines only the base knows, and keeps the ones it shares
+        ok = set(filter(None, got_added)) <= set(added) and set(filter(None, removed)) <= set(got_removed)
+    else:
+        ok = same(got_removed, removed) and same(got_added, added)
+    if not ok:
         return [f"{name}: {path} does not make exactly the edits in tools/upstream/series.py"]
     return []
 
@@ -268,24 +307,27 @@ def main(argv: list[str] | None = None) -> int:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["write", "check"])
-    parser.add_argument("--base", type=Path, help="Lightning 2.6.6 tree the series applies to")
+    parser.add_argument("--base-name", choices=BASES, help="which ladder (default for check: both)")
+    parser.add_argument("--base", type=Path, help="Lightning's tree the ladder applies to")
     args = parser.parse_args(argv)
-    base = Base(args.base)
     if args.command == "write":
-        if args.base is None:
-            parser.error("write needs --base: the edits of Lightning's files are made on it")
-        for old in PATCHES_DIR.glob("*.patch"):
+        if args.base is None or args.base_name is None:
+            parser.error("write needs --base-name and --base: the edits of Lightning's files are made on the base")
+        folder = series_dir(args.base_name)
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("*.patch"):
             old.unlink()
-        PATCHES_DIR.mkdir(exist_ok=True)
-        for name, text in generate(base).items():
-            (PATCHES_DIR / name).write_text(text)
-            print(f"wrote patches/{name}")
+        for name, text in generate(Base(args.base), args.base_name).items():
+            (folder / name).write_text(text)
+            print(f"wrote {folder.relative_to(ROOT)}/{name}")
         return 0
-    problems = check(base)
+    names = [args.base_name] if args.base_name else list(BASES)
+    problems = [p for name in names for p in check(Base(args.base), name)]
     for problem in problems:
         print(f"drift: {problem}", file=sys.stderr)
     if not problems:
-        print(f"patches/ matches the package ({'every byte' if args.base else 'without a base: new files and edits'})")
+        what = "every byte" if args.base else "without a base: new files and edits"
+        print(f"patches/ matches the package for {', '.join(names)} ({what})")
     return 1 if problems else 0
 
 

@@ -7,8 +7,10 @@ the points where the upstream patch changes them:
   ``PL_TRAINER_USE_COMPILE`` environment variable see it. The value is validated before anything else happens.
 * ``fit``, ``validate``, ``test`` and ``predict`` hand a ``torch.compile``-d model to the connector first, which takes
   the LightningModule out of it, so that Lightning does not compile it before the strategy wraps it.
-* ``_run`` asks the connector what the run compiles; if anything, the connector compiles just before the stage's
-  loop starts (after ``strategy.setup``) and undoes it in ``_teardown``.
+* ``_run`` asks the connector what the run compiles, ``_run_stage`` (called right after ``strategy.setup``) compiles
+  first, and ``_teardown`` (called after the ``on_exception`` callbacks, on every path) uncompiles first.
+* Lightning's compile helpers that the connector reuses are replaced by their fixed versions (``lightning_fixes``),
+  which the upstream series puts in Lightning's own files.
 
 """
 
@@ -22,13 +24,16 @@ from typing import Any, Callable, Optional
 from packaging.version import Version
 
 from lightning_compile_patch import trainer_api
-from lightning_compile_patch.flavours import FLAVOUR_RENAMES, connector_module
+from lightning_compile_patch.flavours import FLAVOUR_RENAMES, connector_module, flavour_module
 
 #: The Lightning releases this patch was tested against; anything else is refused at import.
 SUPPORTED_LIGHTNING = (Version("2.6.0"), Version("2.7.0"))
 #: Set to ``1`` to patch an untested Lightning release anyway (with a warning), if it has every hook the patch needs.
 ALLOW_UNTESTED_ENV = "LIGHTNING_COMPILE_PATCH_ALLOW_UNTESTED"
 _MARK = "__lightning_compile_patch__"
+_FIXES_KEY = "lightning_fixes"
+#: The ``Trainer`` methods of a run that the connector hooks into.
+_RUN_HOOKS = ("_run", "_run_stage", "_teardown")
 
 
 #: The ``Trainer`` methods that take the model from the user.
@@ -64,7 +69,10 @@ def remove() -> None:
     """
     for flavour in installed_flavours():
         trainer_cls = _trainer_cls(flavour)
-        for name, original in _originals(trainer_cls).items():
+        originals = dict(_originals(trainer_cls))
+        for target, name, original in reversed(originals.pop(_FIXES_KEY, [])):
+            setattr(target, name, original)
+        for name, original in originals.items():
             setattr(trainer_cls, name, original)
 
 
@@ -95,16 +103,37 @@ def _patch_flavour(flavour: str) -> bool:
     _check_version(flavour, Version(package.__version__))
     _check_hooks(flavour, trainer_cls)
     env_defaults = importlib.import_module(f"{flavour}.utilities.argparse")._defaults_from_env_vars
+    fixes = _install_fixes(flavour)
     connector_cls = connector_module(flavour)._CompileConnector
 
-    originals = {name: getattr(trainer_cls, name) for name in ("__init__", "_run", *_ENTRY_POINTS)}
+    originals = {name: getattr(trainer_cls, name) for name in ("__init__", *_RUN_HOOKS, *_ENTRY_POINTS)}
     patched_init = _patched_init(originals["__init__"].__wrapped__, connector_cls)
-    setattr(patched_init, _MARK, originals)  # `functools.wraps` in `env_defaults` carries it to the outer wrapper
+    setattr(patched_init, _MARK, {**originals, _FIXES_KEY: fixes})  # `functools.wraps` carries it to the wrapper
     trainer_cls.__init__ = env_defaults(patched_init)
     trainer_cls._run = _patched_run(originals["_run"])
+    trainer_cls._run_stage = _patched_run_stage(originals["_run_stage"])
+    trainer_cls._teardown = _patched_teardown(originals["_teardown"])
     for name in _ENTRY_POINTS:
         setattr(trainer_cls, name, _patched_entry_point(originals[name]))
     return True
+
+
+def _install_fixes(flavour: str) -> list[tuple[Any, str, Any]]:
+    """Puts the fixed Lightning helpers (``lightning_fixes``) in place of Lightning's; returns what they replaced."""
+    fixes = flavour_module(flavour, "lightning_fixes")
+    replaced = []
+    for name, (module_name, class_name) in fixes.FIXES.items():
+        module = importlib.import_module(module_name)
+        owner = getattr(module, class_name) if class_name else module
+        fixed = getattr(getattr(fixes, class_name), name) if class_name else getattr(fixes, name)
+        targets = [owner]
+        if not class_name:  # modules that imported the helper by name see the fix too
+            trainer_module = importlib.import_module(f"{flavour}.trainer.trainer")
+            targets += [trainer_module] if getattr(trainer_module, name, None) is getattr(module, name) else []
+        for target in targets:
+            replaced.append((target, name, target.__dict__[name]))
+            setattr(target, name, fixed)
+    return replaced
 
 
 def _check_version(flavour: str, version: Version) -> None:
@@ -160,31 +189,42 @@ def _patched_init(init: Callable[..., None], connector_cls: type) -> Callable[..
 
 
 def _patched_run(run: Callable[..., Any]) -> Callable[..., Any]:
-    """``Trainer._run`` that compiles after the strategy's setup, at the same points as the upstream patch."""
+    """``Trainer._run`` that lets the connector decide what the run compiles, first."""
 
     @functools.wraps(run)
     def _run(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
         connector = getattr(self, "_compile_connector", None)  # a Trainer created before the patch has none
-        if connector is None or not connector.on_run_start(model):
-            return run(self, model, *args, **kwargs)
-        run_stage, teardown = self._run_stage, self._teardown
-
-        def compile_then_run_stage() -> Any:
-            connector.compile()
-            return run_stage()
-
-        def teardown_compile_first() -> None:
-            connector.teardown()
-            teardown()
-
-        self._run_stage, self._teardown = compile_then_run_stage, teardown_compile_first
-        try:
-            return run(self, model, *args, **kwargs)
-        finally:
-            del self._run_stage, self._teardown
-            connector.teardown()
+        if connector is not None:
+            connector.on_run_start(model)
+        return run(self, model, *args, **kwargs)
 
     return _run
+
+
+def _patched_run_stage(run_stage: Callable[..., Any]) -> Callable[..., Any]:
+    """``Trainer._run_stage`` that compiles first: ``_run`` calls it right after the strategy's setup."""
+
+    @functools.wraps(run_stage)
+    def _run_stage(self: Any) -> Any:
+        connector = getattr(self, "_compile_connector", None)
+        if connector is not None:
+            connector.compile()
+        return run_stage(self)
+
+    return _run_stage
+
+
+def _patched_teardown(teardown: Callable[..., Any]) -> Callable[..., Any]:
+    """``Trainer._teardown`` that uncompiles first. Lightning calls it after ``on_exception``, on every path."""
+
+    @functools.wraps(teardown)
+    def _teardown(self: Any) -> None:
+        connector = getattr(self, "_compile_connector", None)
+        if connector is not None:
+            connector.teardown()
+        teardown(self)
+
+    return _teardown
 
 
 def _patched_entry_point(entry_point: Callable[..., Any]) -> Callable[..., Any]:

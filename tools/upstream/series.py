@@ -1,14 +1,19 @@
-"""The upstream patch series: what each patch adds to, and changes in, Lightning's tree.
+"""The upstream ladder: what each patch adds to, and changes in, Lightning's tree, for each base.
 
-New source files are not listed here: they are the package's Lightning-side modules (``UPSTREAM_MODULES``), rendered
-for the features each patch has reached. What is listed are the edits of Lightning's own files (each an exact text
-replacement, so that a change in Lightning is noticed rather than patched around), and the upstream-only files
-(Lightning-style tests, docs text).
+Patch 0001 is the core (``connector``); every later patch is one feature module (``features/<name>.py``) with its
+tests, docs section and CHANGELOG line, and needs only 0001. New source files are the package's Lightning-side modules
+(``flavours.UPSTREAM_MODULES``); what is listed here are the edits of Lightning's own files, each an exact text
+replacement, so that a change in Lightning is noticed rather than patched around.
+
+Two bases: ``2.6.6`` (forks of the release; each patch is made on the previous one, for a plain ``git am``) and
+``master`` (the PR; each later patch is made on 0001 alone, and the edits of a shared file sit at anchors of their
+own, so that ``git am -3`` takes any subset in order).
 
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from upstream import package_module
 
@@ -16,8 +21,15 @@ HERE = Path(__file__).parent
 trainer_api = package_module("trainer_api")
 TRAINER = "src/lightning/pytorch/trainer/trainer.py"
 CHANGELOG = "src/lightning/pytorch/CHANGELOG.md"
+COMPILE_UTILS = "src/lightning/pytorch/utilities/compile.py"
+STRATEGY = "src/lightning/pytorch/strategies/strategy.py"
 COMPILE_DOCS = "docs/source-pytorch/advanced/compile.rst"
+TRAINER_DOCS = "docs/source-pytorch/common/trainer.rst"
 COMPILE_TESTS = "tests/tests_pytorch/utilities/test_compile.py"
+BASES = ("2.6.6", "master")
+#: The Lightning commit the master series is made on; ``docs/upstreaming.md`` records it too.
+MASTER_COMMIT = "7f0c3436cd3f6ad3753125672024fc415cbcb414"
+ISSUE = "([#20242](https://github.com/Lightning-AI/pytorch-lightning/issues/20242))"
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,7 @@ class Replace:
     old: str
     new: str
     count: int = 1
+    bases: tuple[str, ...] = BASES
 
     def __post_init__(self) -> None:
         if not (self.old.endswith("\n") and self.new.endswith("\n")):
@@ -35,38 +48,97 @@ class Replace:
 
 
 @dataclass(frozen=True)
+class ReplaceDef:
+    """Replace the function ``name`` (a method of ``cls``, if given) in ``path`` with its fixed version.
+
+    The fixed version is the package's ``lightning_fixes`` module's, which the package installs over Lightning's.
+    """
+
+    path: str
+    name: str
+    cls: Optional[str] = None
+    bases: tuple[str, ...] = BASES
+
+
+@dataclass(frozen=True)
 class Patch:
-    """One commit of the series."""
+    """One commit of the ladder."""
 
     subject: str
     body: str
-    #: The ``# patch: <feature>`` tag this patch switches on in the Lightning-side modules (None: the untagged code).
-    feature: str | None
-    #: Package modules this patch adds to Lightning's tree.
+    #: Package modules this patch adds to Lightning's tree (keys of ``UPSTREAM_MODULES``).
     modules: tuple[str, ...]
     #: Upstream test files this patch adds, relative to ``tools/upstream/tests``.
     tests: tuple[str, ...] = ()
-    edits: tuple[Replace, ...] = field(default_factory=tuple)
+    edits: tuple = ()
+    bases: tuple[str, ...] = BASES
 
 
 def _indent(text: str, spaces: int) -> str:
     return "\n".join(" " * spaces + line if line else "" for line in text.splitlines())
 
 
-def _changelog(entry: str) -> Replace:
-    """Adds ``entry`` as the first line under ``### Added`` of the unreleased section."""
-    return Replace(
-        CHANGELOG,
-        "## [unreleased] - YYYY-MM-DD\n\n### Added\n\n",
-        f"## [unreleased] - YYYY-MM-DD\n\n### Added\n\n{entry}\n\n",
+def _doc(name: str) -> str:
+    return (HERE / "docs" / f"{name}.rst").read_text()
+
+
+def _heading(title: str) -> str:
+    stars = "*" * len(title)
+    return f"{stars}\n{title}\n{stars}\n"
+
+
+def _section_before(title: str, doc: str) -> Replace:
+    """Adds the docs section ``doc`` to ``compile.rst`` right before the section called ``title``."""
+    return Replace(COMPILE_DOCS, _heading(title), _doc(doc) + "----\n\n" + _heading(title))
+
+
+_UNRELEASED = "## [unreleased] - YYYY-MM-DD\n\n### Added\n\n"
+#: On master, each later patch's CHANGELOG line goes after an entry of its own, so that the lines never touch.
+_MASTER_ADDED = (
+    "- Added `suggest_integrations` flag",
+    "- Fixed ``ModelParallelStrategy`` single-file checkpointing",
+    "- Fixed gradient clipping not working with fused optimizers",
+    "- Added `log_key_prefix` parameter",
+    "- Added support for remote storage (fsspec URLs) when saving and loading distributed checkpoints with `FSDP",
+    "- Added support for remote storage (fsspec URLs) when saving and loading distributed checkpoints with `Model",
+)
+
+
+def _changelog_added(entry: str, slot: int) -> tuple[Replace, ...]:
+    """The CHANGELOG line of a later patch: first under ``Added`` on 2.6.6, after master's entry ``slot`` on master."""
+    return (
+        Replace(CHANGELOG, _UNRELEASED, f"{_UNRELEASED}{entry}\n\n", bases=("2.6.6",)),
+        InsertAfter(CHANGELOG, _MASTER_ADDED[slot], f"\n{entry}\n", bases=("master",)),
     )
 
 
-_AVOID_GRAPH_BREAKS = "----\n\n******************\nAvoid graph breaks\n******************\n"
+@dataclass(frozen=True)
+class InsertAfter:
+    """Insert ``text`` (whole lines) after the one line of ``path`` that starts with ``prefix``.
+
+    In a CHANGELOG, only the lines of the unreleased section count.
+    """
+
+    path: str
+    prefix: str
+    text: str
+    bases: tuple[str, ...] = BASES
+
+
 _UNWRAP_OLD = "model = _maybe_unwrap_optimized(model)"
 _UNWRAP_NEW = "model = _maybe_unwrap_optimized(self._compile_connector.unwrap(model))"
+_USE_COMPILE_ARG = f"        {trainer_api.NAME}: {trainer_api.ANNOTATION_SOURCE} = {trainer_api.DEFAULT},\n"
+_USE_COMPILE_DOC = f"{_indent(trainer_api.DOC, 12)}\n"
+_LIMITATION_DDP = (
+    "* The Trainer currently does not reapply ``torch.compile`` over :class:`~lightning.pytorch.strategies.DDPStrategy`"
+    " and :class:`~lightning.pytorch.strategies.FSDPStrategy`, meaning distributed operations can't benefit from speed"
+    " ups at the moment.\n"
+    "  This limitation can be avoided by using"
+    " :class:`~lightning.pytorch.strategies.model_parallel.ModelParallelStrategy`, as described in"
+    " `Apply torch.compile in configure_model`_ above.\n"
+)
 
-USE_COMPILE = Patch(
+CORE = Patch(
     subject="Add `Trainer(use_compile=...)` to compile the model after the strategy wraps it",
     body="""\
 The Trainer compiles a `torch.compile`-d LightningModule's step methods before the strategy wraps
@@ -74,19 +146,23 @@ it, so DDP's own pre- and post-forward run outside the compiled code, and the do
 does not reapply `torch.compile` over DDP/FSDP (#20242).
 
 `Trainer(use_compile=True | dict)` compiles, in place, what the strategy calls, after
-`strategy.setup`, in every stage: the DDP/FSDP wrapper while fitting (every step goes through its
-forward), the `*_step` methods otherwise. In-place compilation keeps the wrapper's type, so the
-`isinstance(model, DistributedDataParallel)` checks hold, and keeps the state-dict keys. Everything
-is undone in `_teardown`.
+`strategy.setup`, in every stage: the DDP/FSDP wrapper with `nn.Module.compile` while fitting (every
+step goes through its forward), the LightningModule with `from_compiled` otherwise. In-place
+compilation keeps the wrapper's type and the state-dict keys. `to_uncompiled` undoes it in
+`_teardown`. The dict takes the arguments of `torch.compile`, checked in `Trainer.__init__`.
 
-With the default `use_compile=None`, a compiled model passed to `fit` is unwrapped and compiled again
-with the same arguments after the wrap, as Fabric's `_reapply_compile` does (as suggested when #20269
-was closed). `use_compile=False` keeps the previous behavior.
+With the default `use_compile=None`, a compiled model passed to `fit` is unwrapped with Fabric's
+`_unwrap_compiled` and compiled again with the same arguments after the wrap, as Fabric does (as
+suggested when #20269 was closed). `use_compile=False` keeps the previous behavior.
 
-`self.log` calls made while a step is traced are recorded and replayed right after the compiled step,
-so logging no longer breaks the graph. The value is validated in `Trainer.__init__`.""",
-    feature=None,
-    modules=("config", "log_boundary", "report", "connector"),
+Features beyond this core are modules of `trainer/connectors/compile_features/`, each one
+`_CompileFeature` found by the connector; this patch adds none. It sets no process-wide state.
+
+Fixes of the helpers it reuses: `to_uncompiled` no longer leaves bound methods behind as instance
+attributes, `_ForwardRedirection` restores `forward` when the wrapper's call raises, and
+`_verify_strategy_supports_compile` accepts `ModelParallelStrategy`, refuses `XLAStrategy`, and
+can check a strategy for a model that is yet to be compiled.""",
+    modules=("features", "connector"),
     tests=("tests_pytorch/trainer/test_trainer_use_compile.py",),
     edits=(
         Replace(
@@ -98,15 +174,29 @@ so logging no longer breaks the graph. The value is validated in `Trainer.__init
         Replace(
             TRAINER,
             "        model_registry: Optional[str] = None,\n    ) -> None:\n",
-            "        model_registry: Optional[str] = None,\n"
-            f"        {trainer_api.NAME}: {trainer_api.ANNOTATION_SOURCE} = {trainer_api.DEFAULT},\n"
-            "    ) -> None:\n",
+            f"        model_registry: Optional[str] = None,\n{_USE_COMPILE_ARG}    ) -> None:\n",
+            bases=("2.6.6",),
+        ),
+        Replace(
+            TRAINER,
+            "        suggest_integrations: bool = True,\n    ) -> None:\n",
+            f"        suggest_integrations: bool = True,\n{_USE_COMPILE_ARG}    ) -> None:\n",
+            bases=("master",),
         ),
         Replace(
             TRAINER,
             "            model_registry: The name of the model being uploaded to Model hub.\n\n        Raises:\n",
             "            model_registry: The name of the model being uploaded to Model hub.\n\n"
-            f"{_indent(trainer_api.DOC, 12)}\n\n        Raises:\n",
+            f"{_USE_COMPILE_DOC}\n        Raises:\n",
+            bases=("2.6.6",),
+        ),
+        Replace(
+            TRAINER,
+            "            suggest_integrations: Whether to display suggestions for optional Lightning integrations.\n"
+            "                Default: ``True``.\n",
+            "            suggest_integrations: Whether to display suggestions for optional Lightning integrations.\n"
+            f"                Default: ``True``.\n\n{_USE_COMPILE_DOC}",
+            bases=("master",),
         ),
         Replace(
             TRAINER,
@@ -143,107 +233,215 @@ so logging no longer breaks the graph. The value is validated in `Trainer.__init
             '        those are handled by :meth:`_call_teardown_hook`."""\n'
             "        self._compile_connector.teardown()\n        self.strategy.teardown()\n",
         ),
-        _changelog(
-            "- Added `Trainer(use_compile=...)`, which compiles the model after the strategy has wrapped it, in every"
-            " stage; a compiled model passed to `fit` is now compiled again after the wrap with the same arguments"
-            " ([#20242](https://github.com/Lightning-AI/pytorch-lightning/issues/20242))"
+        Replace(
+            COMPILE_UTILS,
+            "from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy,"
+            " SingleDeviceStrategy, Strategy\n",
+            "from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy,"
+            " SingleDeviceStrategy, Strategy\n"
+            "from lightning.pytorch.strategies.model_parallel import ModelParallelStrategy\n"
+            "from lightning.pytorch.strategies.xla import XLAStrategy\n",
+        ),
+        Replace(COMPILE_UTILS, "from typing import Union\n", "from typing import Optional, Union\n"),
+        ReplaceDef(COMPILE_UTILS, "to_uncompiled"),
+        ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
+        ReplaceDef(STRATEGY, "__call__", cls="_ForwardRedirection"),
+        Replace(
+            CHANGELOG,
+            f"{_UNRELEASED}-\n",
+            f"{_UNRELEASED}- Added `Trainer(use_compile=...)`, which compiles the model after the strategy has wrapped"
+            f" it, in every stage {ISSUE}\n",
+            bases=("2.6.6",),
         ),
         Replace(
-            COMPILE_DOCS, _AVOID_GRAPH_BREAKS, (HERE / "docs" / "use_compile.rst").read_text() + _AVOID_GRAPH_BREAKS
+            CHANGELOG,
+            _UNRELEASED,
+            f"{_UNRELEASED}- Added `Trainer(use_compile=...)`, which compiles the model after the strategy has wrapped"
+            f" it, in every stage {ISSUE}\n\n",
+            bases=("master",),
         ),
+        Replace(
+            CHANGELOG,
+            "### Changed\n\n-\n",
+            "### Changed\n\n- A `torch.compile`-d model passed to the Trainer is now unwrapped and compiled again with"
+            " the same arguments after the strategy wraps it, so its `forward` is no longer compiled on its own;"
+            f" `Trainer(use_compile=False)` keeps the previous behavior {ISSUE}\n",
+        ),
+        Replace(
+            CHANGELOG,
+            "### Removed\n\n-\n\n### Fixed\n\n-\n",
+            "### Removed\n\n-\n\n### Fixed\n\n- Fixed `to_uncompiled` leaving the step methods behind as instance attributes, and"
+            " `_ForwardRedirection` leaving `forward` patched when the wrapped call raises; `XLAStrategy` is no"
+            f" longer accepted for a compiled model, and `ModelParallelStrategy` is {ISSUE}\n",
+            bases=("2.6.6",),
+        ),
+        Replace(
+            CHANGELOG,
+            "### Removed\n\n-\n\n### Fixed\n\n",
+            "### Removed\n\n-\n\n### Fixed\n\n- Fixed `to_uncompiled` leaving the step methods behind as instance attributes, and"
+            " `_ForwardRedirection` leaving `forward` patched when the wrapped call raises; `XLAStrategy` is no"
+            f" longer accepted for a compiled model, and `ModelParallelStrategy` is {ISSUE}\n\n",
+            bases=("master",),
+        ),
+        Replace(
+            TRAINER_DOCS,
+            "use_distributed_sampler\n^^^^^^^^^^^^^^^^^^^^^^^\n",
+            _doc("trainer_flag") + "use_distributed_sampler\n^^^^^^^^^^^^^^^^^^^^^^^\n",
+        ),
+        _section_before("Avoid graph breaks", "use_compile"),
         Replace(
             COMPILE_DOCS,
-            "* The Trainer currently does not reapply ``torch.compile`` over"
-            " :class:`~lightning.pytorch.strategies.DDPStrategy` and"
-            " :class:`~lightning.pytorch.strategies.FSDPStrategy`, meaning distributed operations can't benefit from"
-            " speed ups at the moment.\n"
-            "  This limitation can be avoided by using"
-            " :class:`~lightning.pytorch.strategies.model_parallel.ModelParallelStrategy`, as described in"
-            " `Apply torch.compile in configure_model`_ above.\n",
-            "* Without ``use_compile``, the Trainer compiles the model's methods before the strategy wraps it, so"
-            " the operations of :class:`~lightning.pytorch.strategies.DDPStrategy` and"
+            _LIMITATION_DDP,
+            "* Without ``use_compile``, the Trainer compiles the model's methods before the strategy wraps it, so the"
+            " operations of :class:`~lightning.pytorch.strategies.DDPStrategy` and"
             " :class:`~lightning.pytorch.strategies.FSDPStrategy` stay outside the compiled code.\n"
             "  Pass ``use_compile`` (see `Compile after the strategy wraps the model`_ above), or use"
             " :class:`~lightning.pytorch.strategies.model_parallel.ModelParallelStrategy`, as described in"
             " `Apply torch.compile in configure_model`_ above.\n",
         ),
         Replace(
-            COMPILE_DOCS,
-            "* In some cases, using ``self.log()`` in your LightningModule will cause compilation errors.\n"
-            "  Until addressed, you can work around these issues by applying ``torch.compile`` to the submodule(s) of"
-            " your LightningModule rather than to the entire LightningModule at once.\n",
-            "* In some cases, using ``self.log()`` in a compiled LightningModule will cause compilation errors.\n"
-            "  With ``use_compile``, logging is replayed outside the compiled graph. Otherwise, you can work around"
-            " these issues by applying ``torch.compile`` to the submodule(s) of your LightningModule rather than to"
-            " the entire LightningModule at once.\n",
-        ),
-        Replace(
             COMPILE_TESTS,
             '    trainer.fit(compiled_model)\n    assert trainer.model._compiler_ctx["compiler"] == "dynamo"\n',
             "    trainer.fit(compiled_model)\n"
-            "    # unwrapped, to be compiled again after the strategy wraps it (`use_compile=None`)\n"
+            "    # compiled again after the strategy's setup (`use_compile=None`), uncompiled at the end of the run\n"
             "    assert trainer.model._compiler_ctx is None\n",
             count=2,
         ),
-        Replace(
-            COMPILE_TESTS,
-            '    with pytest.raises(RuntimeError, match="Using a compiled model is incompatible with the current'
-            ' strategy.*"):\n',
-            '    with pytest.raises(ValueError, match="does not support the strategy `DeepSpeedStrategy`"):\n',
-        ),
     ),
 )
 
-REGIONS = Patch(
-    subject="Add regional compilation to `Trainer(use_compile=...)`",
+
+def _feature(name: str, subject: str, body: str, docs_before: str, entry: str, slot: int, **kwargs: object) -> Patch:
+    """A later patch: one feature module, its tests, its docs section and its CHANGELOG line."""
+    return Patch(
+        subject=subject,
+        body=body,
+        modules=(f"features.{name}",),
+        tests=(f"tests_pytorch/trainer/connectors/test_compile_{name}.py",),
+        edits=(_section_before(docs_before, name), *_changelog_added(entry, slot)),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+COMPILE_ARGUMENTS = Patch(
+    subject="Check the `torch.compile` arguments of `Trainer(use_compile=...)` when the Trainer is built",
     body="""\
+`torch.compile` checks its backend, mode and options only when it compiles, after the data has been
+prepared and the model moved to the device. They are now checked in `Trainer.__init__`: an
+unregistered backend, an unknown mode, `mode` together with `options`, and an unknown inductor option
+or one of the wrong type, each with an error that names the value and what to pass instead.""",
+    modules=("features.compile_arguments",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_compile_arguments.py",),
+    edits=(
+        Replace(
+            TRAINER_DOCS,
+            "    trainer = Trainer(use_compile=False)\n",
+            "    trainer = Trainer(use_compile=False)\n\nThe backend, the mode and the options are checked when the Trainer"
+            " is created, so a typo fails right away.\n",
+        ),
+        *_changelog_added(
+            f"- Added checks of the `torch.compile` arguments of `Trainer(use_compile=...)` when the Trainer is built {ISSUE}",
+            5,
+        ),
+    ),
+)
+LOG_DEFERRAL = _feature(
+    "log_deferral",
+    "Keep `self.log` out of the graphs compiled by `Trainer(use_compile=...)`",
+    """\
+Dynamo cannot trace `self.log` on recent PyTorch, and a graph break at each call splits the step
+into several graphs. While a step is traced, `self.log`/`self.log_dict` now only record their
+arguments, and the records are replayed eagerly, in order, right after the compiled step returns:
+one graph per step, and `fullgraph=True` works with models that log.
+
+Not part of the master series: master has #21837, which compiler-disables `LightningModule.log`.""",
+    "Avoid recompilation",
+    "- Added logging under `Trainer(use_compile=...)` without graph breaks: `self.log` calls made while a step is"
+    f" compiled are replayed after it {ISSUE}",
+    0,
+    bases=("2.6.6",),
+)
+RUN_SUMMARY = _feature(
+    "run_summary",
+    "Tell what `Trainer(use_compile=...)` compiled: first steps, recompile limit, summary",
+    """\
+A cold compile looks like a run that hangs at step 0, and a frame that hits Dynamo's recompile limit
+silently runs uncompiled from then on. The run now says when the first compiled step of each kind
+starts and how long it took, warns when a frame hits the recompile limit (with what to do), and logs
+one summary line per run: graphs, recompiles, graph breaks and compile time.
+
+The recompile-limit warning needs a filter on Dynamo's logger for the run (Dynamo reports the hit
+only there); it is removed in the run's teardown, on every path.""",
+    "Experiment with compilation options",
+    f"- Added a summary of what `Trainer(use_compile=...)` compiled, and a warning at Dynamo's recompile limit {ISSUE}",
+    0,
+)
+FALLBACK = _feature(
+    "fallback",
+    "Name the run in compile errors of `Trainer(use_compile=...)`, and add `fallback`",
+    """\
+A compile error deep inside Dynamo does not say which run it belongs to. It is now raised again with
+the stage, the strategy and the `use_compile` value, after every module is uncompiled. With
+`use_compile={"fallback": "eager"}` the run warns once instead and continues uncompiled.""",
+    "A note about torch.compile in practice",
+    f'- Added `Trainer(use_compile={{"fallback": "eager"}})` to continue uncompiled when compilation fails {ISSUE}',
+    1,
+)
+OPTIMIZE_DDP = _feature(
+    "optimize_ddp",
+    "Choose DDP's graph split by world size in `Trainer(use_compile=...)`",
+    """\
+DDPOptimizer splits the compiled graph at DDP's buckets so that all-reduce overlaps the backward. With
+one process there is nothing to overlap and the split only costs. `optimize_ddp="auto"` (the default
+of the new key) splits only with more than one process; a value set by the user in
+`torch._dynamo.config` is kept. `torch._dynamo.config.optimize_ddp` is process-wide: it is set before
+the strategy builds DDP (DDP reads "python_reducer" in its constructor) and restored when the run
+ends, on every path.""",
+    "Limitations",
+    f'- Added `Trainer(use_compile={{"optimize_ddp": ...}})`, which splits DDP\'s graph only with more than one process'
+    f" {ISSUE}",
+    2,
+)
+REGIONS = _feature(
+    "regions",
+    "Add regional compilation to `Trainer(use_compile=...)`",
+    """\
 `use_compile={"regions": "auto" | classes | class names}` compiles each repeated block of the model
 on its own, in place, after the strategy has wrapped the model, and compiles the rest of the step
-around them as before. Identical blocks share one compiled graph, so the cold start no longer grows
-with the depth of the model (torchtitan's per-block compile, pytorch/torchtitan#61).
+around them. Identical blocks share one compiled graph, so the cold start no longer grows with the
+depth of the model (torchtitan's per-block compile, pytorch/torchtitan#61).
 
 "auto" picks the children of every `ModuleList`/`Sequential` whose children share one class; when
 matches nest, the outermost wins; a value that matches nothing fails before training with the list
-of repeated blocks the model has. Blocks compile with static shapes unless `dynamic` is given: a
-partial last batch recompiles the shared graph once, not each block.""",
-    feature="regions",
-    modules=("regions",),
-    tests=("tests_pytorch/utilities/test_compile_regions.py",),
-    edits=(
-        _changelog(
-            '- Added `Trainer(use_compile={"regions": ...})` to compile each repeated block of a model on its own,'
-            " which shortens the first step of deep models"
-            " ([#20242](https://github.com/Lightning-AI/pytorch-lightning/issues/20242))"
-        ),
-        Replace(
-            COMPILE_DOCS,
-            _AVOID_GRAPH_BREAKS,
-            (HERE / "docs" / "regions.rst").read_text() + _AVOID_GRAPH_BREAKS,
-        ),
-    ),
+of repeated blocks the model has.""",
+    "Apply torch.compile in configure_model",
+    '- Added `Trainer(use_compile={"regions": ...})` to compile each repeated block of a model on its own, which'
+    f" shortens the first step of deep models {ISSUE}",
+    3,
 )
-
-CACHE = Patch(
-    subject="Add a warm-start compile cache to `Trainer(use_compile=...)`",
-    body="""\
+CACHE = _feature(
+    "cache",
+    "Add a warm-start compile cache to `Trainer(use_compile=...)`",
+    """\
 `use_compile={"cache": DIR | True}` loads, before the first compiled step, the artifacts that
 `torch.compiler.save_cache_artifacts` saved at the end of the previous run of the same configuration
-on the same rank, and saves them again at the end of the run. The configuration (model class,
-strategy, world size, precision, device, versions, compile arguments) selects the folder; inductor's
-on-disk cache for it lives there too, which keeps the compiled C++ kernels on CPU.
-
-A file that cannot be read, or that was written for another configuration, is ignored with a warning
-and the run compiles cold; writing the file never fails the run.""",
-    feature="cache",
-    modules=("cache",),
-    tests=("tests_pytorch/utilities/test_compile_cache.py",),
-    edits=(
-        _changelog(
-            '- Added `Trainer(use_compile={"cache": ...})`, a compile cache that lets the next run of the same'
-            " configuration start warm ([#20242](https://github.com/Lightning-AI/pytorch-lightning/issues/20242))"
-        ),
-        Replace(COMPILE_DOCS, _AVOID_GRAPH_BREAKS, (HERE / "docs" / "cache.rst").read_text() + _AVOID_GRAPH_BREAKS),
-    ),
+on the same rank, and saves them again at the end of the run. The configuration (model class and
+parameter shapes, strategy, world size, precision, device, versions, compile arguments) selects the
+folder; inductor's on-disk cache for it lives there too (`TORCHINDUCTOR_CACHE_DIR` is set for the
+run, unless the user set it, and restored on every path).""",
+    "Additional Resources",
+    '- Added `Trainer(use_compile={"cache": ...})`, a compile cache that lets the next run of the same configuration'
+    f" start warm {ISSUE}",
+    4,
 )
 
-SERIES: tuple[Patch, ...] = (USE_COMPILE, REGIONS, CACHE)
+SERIES: tuple[Patch, ...] = (CORE, COMPILE_ARGUMENTS, LOG_DEFERRAL, RUN_SUMMARY, FALLBACK, OPTIMIZE_DDP, REGIONS, CACHE)
+
+
+def series(base: str) -> tuple[Patch, ...]:
+    """The patches of the ladder for ``base``, with only the edits meant for it."""
+    return tuple(
+        Patch(**{**patch.__dict__, "edits": tuple(e for e in patch.edits if base in e.bases)})
+        for patch in SERIES
+        if base in patch.bases
+    )

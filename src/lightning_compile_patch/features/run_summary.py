@@ -16,6 +16,7 @@ import torch
 from torch._dynamo.utils import counters, get_compilation_metrics
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
 
 #: Graph breaks that are expected: torch runs DDP's inner module call outside the outer graph on purpose
 #: (`_inside_ddp_forward`), DDP's C++ reducer and logger cannot be traced (torch 2.14 traces DDP's forward and breaks
@@ -24,7 +25,7 @@ _EXPECTED_BREAKS = (
     "_inside_ddp_forward",
     "of class `Reducer`",
     "of class `Logger`",
-    "compiled_region",  # patch: regions
+    "compiled_region",
 )
 _RECOMPILE_LIMIT_LOGGER = "torch._dynamo.convert_frame"
 
@@ -97,6 +98,8 @@ class _CompileReport:
         self._start_us = time.time_ns() // 1000
         self._graphs_before = counters["stats"]["unique_graphs"]
         self._breaks_before = dict(counters["graph_break"])
+        # Dynamo reports a recompile-limit hit only through this logger, so a filter on it is the one way to tell the
+        # user when it happens; the filter is removed in `finish`, which the run's teardown calls on every path
         logging.getLogger(_RECOMPILE_LIMIT_LOGGER).addFilter(self._watch)
 
     def timed(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
@@ -151,3 +154,32 @@ class _CompileReport:
             summary.compile_seconds += (metrics.backward_cumulative_compile_time_us or 0) / 1e6
         rank_zero_info(summary.line(self._backend, self._strategy))
         return summary
+
+
+class _RunSummary(_CompileFeature):
+    """Tells what the compiler did: the first compiled steps, recompile-limit hits, and one summary line per run."""
+
+    order = 20
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        #: What the compiler did in the last run that compiled anything.
+        self.last_summary: Optional[_CompileSummary] = None
+        self._report: Optional[_CompileReport] = None
+
+    def setup(self, connector: _CompileConnector) -> None:
+        trainer = connector.trainer
+        assert connector.run_kwargs is not None
+        backend = connector.run_kwargs.get("backend") or "inductor"
+        backend = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+        self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend)
+        self._report.start()
+
+    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable) -> Callable:
+        assert self._report is not None
+        return self._report.timed(compiled)
+
+    def teardown(self, connector: _CompileConnector) -> None:
+        report, self._report = self._report, None
+        if report is not None:
+            self.last_summary = report.finish()

@@ -17,10 +17,15 @@ opaque function, so that its own compiled graph does not trace into the blocks a
 
 """
 
+import inspect
 from typing import Any, Callable, Union
 
 import torch
 from torch import nn
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
 
 _MISSING = object()
 
@@ -141,7 +146,9 @@ def _region_compile_kwargs(compile_kwargs: dict[str, Any], shared: bool) -> dict
     Dynamo's recompile limit together.
     """
     kwargs = {"dynamic": False, **compile_kwargs}
-    return kwargs if shared else {**kwargs, "isolate_recompiles": True}
+    if shared or "isolate_recompiles" not in inspect.signature(torch.compile).parameters:
+        return kwargs
+    return {**kwargs, "isolate_recompiles": True}
 
 
 def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, Any], shared: bool) -> Callable[[], None]:
@@ -173,3 +180,27 @@ def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any])
 
     compiled_region.__wrapped__ = original  # type: ignore[attr-defined]  # for signature inspection
     return compiled_region
+
+
+class _Regions(_CompileFeature):
+    """Compiles each repeated block on its own, then the rest of the step around them."""
+
+    keys = {"regions": "compile each repeated block on its own: 'auto', a class, classes or class names"}
+    order = 50
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self.regions = _parse_regions(options["regions"]) if options.get("regions") is not None else None
+
+    def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
+        if self.regions is not None and not is_overridden("configure_model", model):
+            _find_regions(model, self.regions)  # fail now, before the data is prepared
+
+    def setup(self, connector: _CompileConnector) -> None:
+        if self.regions is None or connector.run_kwargs is None:
+            return
+        module = connector.trainer.lightning_module
+        blocks = _find_regions(module, self.regions)
+        connector.undo.append(_compile_regions(blocks, connector.run_kwargs, shared=True))
+        connector.undo.append(_compile_regions(_rest_of_model(module, blocks), connector.run_kwargs, shared=False))
+        connector.run_kwargs["fullgraph"] = False  # the step calls each region as an opaque function

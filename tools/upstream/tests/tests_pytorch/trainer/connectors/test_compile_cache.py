@@ -19,7 +19,7 @@ import torch
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
-from lightning.pytorch.utilities.compile_cache import _load, _parse_cache_dir
+from lightning.pytorch.trainer.connectors.compile_features.cache import _load, _parse_cache_dir
 from tests_pytorch.helpers.runif import RunIf
 
 

@@ -20,15 +20,13 @@ import os
 import platform
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-
-if TYPE_CHECKING:
-    from lightning_compile_patch.config import _CompileConfig
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
 
 _MAGIC = b"LIGHTNING-COMPILE-CACHE 1\n"
 _INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -83,12 +81,11 @@ def _describe(value: Any) -> Union[str, int, float, bool, list, dict, None]:
     return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
 
 
-def _warm_start(config: "_CompileConfig", trainer: "pl.Trainer") -> Callable[[], None]:
+def _warm_start(cache: str, trainer: "pl.Trainer", compile_kwargs: dict, regions: Any) -> Callable[[], None]:
     """Loads this configuration's artifacts for this rank, and returns the function that saves them at the end."""
-    assert config.cache is not None
-    configuration = _configuration(trainer, config.compile_kwargs, config.regions)
+    configuration = _configuration(trainer, compile_kwargs, regions)
     key = hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[:16]
-    folder = Path(config.cache) / f"{type(trainer.lightning_module).__name__}-{key}"
+    folder = Path(cache) / f"{type(trainer.lightning_module).__name__}-{key}"
     artifacts = folder / f"rank{trainer.global_rank}.bin"
     restore_env = _use_inductor_dir(folder / "inductor")
     _load(artifacts, configuration)
@@ -159,3 +156,25 @@ def _save(path: Path, configuration: dict[str, Any]) -> None:
         os.replace(tmp.name, path)
     except Exception as error:
         rank_zero_warn(f"`use_compile`: could not write the compile cache {path} ({error}); the run is unaffected.")
+
+
+class _Cache(_CompileFeature):
+    """Loads the compiled artifacts of the last run of the same configuration before compiling, and saves them after."""
+
+    keys = {"cache": "a directory for compiled artifacts, to start warm next time; True for the default"}
+    order = 30
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self.cache = _parse_cache_dir(options.get("cache"))
+        self._save: Optional[Callable[[], None]] = None
+
+    def setup(self, connector: _CompileConnector) -> None:
+        if self.cache is not None and connector.run_kwargs is not None:
+            regions = connector.use_compile.get("regions") if isinstance(connector.use_compile, dict) else None
+            self._save = _warm_start(self.cache, connector.trainer, connector.run_kwargs, regions)
+
+    def teardown(self, connector: _CompileConnector) -> None:
+        save, self._save = self._save, None
+        if save is not None:
+            save()

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
-from lightning.pytorch.utilities.compile_regions import _find_regions
+from lightning.pytorch.trainer.connectors.compile_features.regions import _find_regions
 from tests_pytorch.helpers.runif import RunIf
 
 

@@ -8,10 +8,12 @@ step replays the records eagerly, in order, as soon as it returns. Outside a com
 """
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
+
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
 
 _LOG_METHODS = ("log", "log_dict")
 
@@ -84,3 +86,27 @@ class _LogBoundary:
             return out
 
         return run
+
+
+class _LogDeferral(_CompileFeature):
+    """Defers ``self.log`` while a step is traced, and replays it after the compiled step (no graph break)."""
+
+    order = 10
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self._boundary: Optional[_LogBoundary] = None
+        self._uninstall: Optional[Callable[[], None]] = None
+
+    def setup(self, connector: _CompileConnector) -> None:
+        self._boundary = _LogBoundary(connector.trainer.lightning_module)
+        self._uninstall = self._boundary.install()
+
+    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable) -> Callable:
+        assert self._boundary is not None
+        return self._boundary.around(compiled, original=original)
+
+    def teardown(self, connector: _CompileConnector) -> None:
+        uninstall, self._uninstall = self._uninstall, None
+        if uninstall is not None:
+            uninstall()

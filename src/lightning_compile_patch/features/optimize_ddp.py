@@ -1,0 +1,70 @@
+"""How Dynamo compiles DDP: ``torch._dynamo.config.optimize_ddp``, chosen per run by world size.
+
+DDPOptimizer splits the compiled graph at DDP's gradient buckets, so that each bucket's all-reduce can start while the
+backward of the rest still runs. With one process there is nothing to overlap, and the split only adds graphs and
+host overhead, so ``"auto"`` (the default) splits only with more than one process.
+
+"""
+
+from typing import Any, Union
+
+import torch._dynamo.config as dynamo_config
+
+from lightning.pytorch.strategies import DDPStrategy
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
+
+_CHOICES = ("auto", True, False, "ddp_optimizer", "python_reducer", "no_optimization")
+_UNSET = object()
+
+
+class _OptimizeDDP(_CompileFeature):
+    """Sets ``optimize_ddp`` for a run under DDP, before DDP is built, and restores it when the run ends."""
+
+    keys = {"optimize_ddp": "how DDP's graph is split into buckets: 'auto' (default), True, False or a torch mode name"}
+    order = 40
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self.choice = options.get("optimize_ddp", "auto")
+        # `True == 1` in Python: compare types too, so that `optimize_ddp=1` is refused rather than taken for `True`
+        if not any(type(self.choice) is type(choice) and self.choice == choice for choice in _CHOICES):
+            raise ValueError(
+                f"`Trainer(use_compile={{'optimize_ddp': {self.choice!r}}})` is not supported. Choose one of:"
+                f" {', '.join(map(repr, _CHOICES))}."
+            )
+        self._previous: Any = _UNSET
+
+    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+        strategy = connector.trainer.strategy
+        if not isinstance(strategy, DDPStrategy):
+            return
+        # A process-wide Dynamo setting, read when DDP's call is compiled, and for "python_reducer" when DDP is built:
+        # so it is set here, before the strategy wraps the model, and restored in `teardown` on every path.
+        self._previous = dynamo_config.optimize_ddp
+        dynamo_config.optimize_ddp = _resolve(self.choice, strategy.world_size, self._previous)
+
+    def setup(self, connector: _CompileConnector) -> None:
+        wrapper = connector.trainer.strategy.model
+        if dynamo_config.optimize_ddp == "python_reducer" and not getattr(wrapper, "_use_python_reducer", True):
+            raise RuntimeError(
+                "`use_compile={'optimize_ddp': 'python_reducer'}` was set before DDP was built, but DDP uses its C++"
+                " reducer. Remove `bucket_cap_mb_list` or other DDP arguments the python reducer does not support."
+            )
+
+    def teardown(self, connector: _CompileConnector) -> None:
+        if self._previous is not _UNSET:
+            dynamo_config.optimize_ddp = self._previous
+            self._previous = _UNSET
+
+
+def _resolve(choice: Any, world_size: int, current: Any) -> Union[bool, str]:
+    """The value to compile DDP with: ``"auto"`` splits only with more than one process, unless the user chose.
+
+    A value the user set in ``torch._dynamo.config`` themselves (anything but the default ``True``) is kept.
+
+    """
+    if choice != "auto":
+        return choice
+    if current is not True:
+        return current
+    return world_size > 1

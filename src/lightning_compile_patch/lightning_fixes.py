@@ -1,0 +1,146 @@
+"""Fixes of Lightning's own compile helpers, which ``use_compile`` reuses.
+
+Each function here is the fixed version of a function in Lightning's tree, written as it reads there. The upstream
+series replaces Lightning's function with it (``tools/upstream/series.py``); the package installs it over Lightning's
+at import (:func:`install`), so both deliveries run the same code.
+
+* ``to_uncompiled`` left each step method behind as an instance attribute holding a bound method: the module then
+  pickles the bound methods and ignores a method patched on its class. It now removes them.
+* ``_ForwardRedirection.__call__`` left the module's ``forward`` patched when the wrapper's call raised (a compile
+  error, an interrupt), so the next call of ``forward`` ran the step method. It now restores it on every path.
+* ``_verify_strategy_supports_compile`` let ``XLAStrategy`` through (it subclasses ``DDPStrategy``) and refused
+  ``ModelParallelStrategy``; it can also check a strategy for a model that is yet to be compiled (``model=None``).
+
+"""
+
+from typing import Any, Optional, Union
+
+import torch
+from torch._dynamo import OptimizedModule
+from torch.nn import Module
+
+import lightning.pytorch as pl
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    SingleDeviceStrategy,
+    Strategy,
+    XLAStrategy,
+)
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+
+
+def to_uncompiled(model: Union["pl.LightningModule", "torch._dynamo.OptimizedModule"]) -> "pl.LightningModule":
+    """Returns an instance of LightningModule without any compilation optimizations from a compiled model.
+
+    .. warning::  This is an :ref:`experimental <versioning:Experimental API>` feature.
+
+    This takes either a ``torch._dynamo.OptimizedModule`` returned by ``torch.compile()`` or a ``LightningModule``
+    returned by ``from_compiled``.
+
+    Note: this method will in-place modify the ``LightningModule`` that is passed in.
+
+    """
+    if isinstance(model, OptimizedModule):
+        original = model._orig_mod
+        if not isinstance(original, pl.LightningModule):
+            raise TypeError(
+                f"Unexpected error, the wrapped model should be a LightningModule, found {type(model).__name__}"
+            )
+
+    elif isinstance(model, pl.LightningModule):
+        if model._compiler_ctx is None:
+            raise ValueError(
+                "`model` is required to be a compiled LightningModule. Found a non-compiled LightningModule instead."
+            )
+        original = model
+
+    else:
+        raise ValueError("`model` must either be an instance of OptimizedModule or LightningModule")
+
+    ctx = original._compiler_ctx
+    if ctx is not None:
+        for name in ("forward", "training_step", "validation_step", "test_step", "predict_step"):
+            method = ctx[f"original_{name}"]
+            if getattr(method, "__self__", None) is original and method.__func__ is getattr(type(original), name):
+                # the class's own method: no instance attribute, as before `from_compiled`
+                original.__dict__.pop(name, None)
+            else:
+                setattr(original, name, method)
+        original._compiler_ctx = None
+
+    return original
+
+
+def _verify_strategy_supports_compile(model: Optional["pl.LightningModule"], strategy: Strategy) -> None:
+    """Raises if ``model`` is compiled, or is to be compiled (``None``), and ``strategy`` cannot run it compiled."""
+    if model is not None and model._compiler_ctx is None:
+        return
+    supported_strategies = (SingleDeviceStrategy, DDPStrategy, FSDPStrategy, ModelParallelStrategy)
+    if isinstance(strategy, supported_strategies) and not isinstance(strategy, (DeepSpeedStrategy, XLAStrategy)):
+        return
+    supported_strategy_names = ", ".join(s.__name__ for s in supported_strategies)
+    what, avoid = ("a compiled model", "passing in compiled model") if model else ("`use_compile`", "`use_compile`")
+    raise RuntimeError(
+        f"Using {what} is incompatible with the current strategy: `{type(strategy).__name__}`."
+        f" Only {supported_strategy_names} support compilation. Either switch to one of the supported"
+        f" strategies or avoid {avoid}."
+    )
+
+
+class _ForwardRedirection:
+    def __call__(
+        self, wrapper_module: Module, original_module: "pl.LightningModule", method_name: str, *args: Any, **kwargs: Any
+    ) -> STEP_OUTPUT:
+        """Reroutes a method call through the `wrapper_module`'s `forward` method.
+
+        Args:
+            wrapper_module: The module that has `original_module` wrapped.
+            original_module: The module that was wrapped inside `wrapper_module`.
+            method_name: The name of the method that should be called on the `original_module` after inputs get
+                redirected through the `wrapper_module`'s `forward` method.
+            *args: The positional arguments to the method `method_name`. They will get passed to a patched
+                `forward` method instead.
+            **kwargs: The keyword arguments to the method `method_name`. They will get passed to a patched
+                `forward` method instead.
+
+        """
+        assert method_name != "forward"
+        original_forward = original_module.forward
+
+        def wrapped_forward(*_args: Any, **_kwargs: Any) -> Any:
+            # Unpatch ourselves immediately before calling the method `method_name`
+            # because itself may want to call the real `forward`
+            original_module.forward = original_forward  # type: ignore[method-assign]
+            # Call the actual method e.g. `.training_step(...)`
+            method = getattr(original_module, method_name)
+            out = method(*_args, **_kwargs)
+            self.on_after_inner_forward(wrapper_module, original_module)
+            return out
+
+        # Patch the original_module's forward so we can redirect the arguments back to the real method
+        original_module.forward = wrapped_forward  # type: ignore[method-assign]
+
+        try:
+            wrapper_output = wrapper_module(*args, **kwargs)
+        finally:
+            # if the call raised before `wrapped_forward` ran (a compile error, an interrupt), unpatch here
+            original_module.forward = original_forward  # type: ignore[method-assign]
+        self.on_after_outer_forward(wrapper_module, original_module)
+        return wrapper_output
+
+    def on_after_inner_forward(self, wrapper_module: Module, original_module: "pl.LightningModule") -> None:
+        pass
+
+    def on_after_outer_forward(self, wrapper_module: Module, original_module: "pl.LightningModule") -> None:
+        pass
+
+
+#: Where each fix goes in Lightning's tree: the module, and the class for a method.
+FIXES = {
+    "to_uncompiled": ("lightning.pytorch.utilities.compile", None),
+    "_verify_strategy_supports_compile": ("lightning.pytorch.utilities.compile", None),
+    "__call__": ("lightning.pytorch.strategies.strategy", "_ForwardRedirection"),
+}
