@@ -53,8 +53,8 @@ def patches(session: nox.Session) -> None:
     session.install("pip")
     base = Path(session.create_tmp()) / "lightning-base"
     session.run("python", "tools/lightning_base.py", "--out", str(base), "--lightning-repo", session.posargs[0])
-    session.run("python", "tools/patchset.py", "write", "--base", str(base))
-    session.run("python", "tools/patchset.py", "check", "--base", str(base))
+    session.run("python", "tools/patchset.py", "write", "--base-name", "2.6.6", "--base", str(base))
+    session.run("python", "tools/patchset.py", "check", "--base-name", "2.6.6", "--base", str(base))
 
 
 @nox.session
@@ -68,9 +68,10 @@ def parity(session: nox.Session) -> None:
     session.install("jsonargparse[signatures]>=4.39")
     base = Path(session.create_tmp()) / "lightning-base"
     session.run("python", "tools/lightning_base.py", "--out", str(base))
-    session.run("python", "tools/patchset.py", "check", "--base", str(base))
+    session.run("python", "tools/patchset.py", "check", "--base-name", "2.6.6", "--base", str(base))
+    session.run("python", "tools/patchset.py", "check", "--base-name", "master")
     git_identity = {"GIT_COMMITTER_NAME": "parity", "GIT_COMMITTER_EMAIL": "parity@lightning-compile-patch.invalid"}
-    series = sorted(str(p) for p in (ROOT / "patches").glob("*.patch"))
+    series = sorted(str(p) for p in (ROOT / "patches" / "lightning-2.6.6").glob("*.patch"))
     # the sdist has Lightning's src/ but neither docs/ nor tests/: apply what it has, which is what gets installed
     session.run("git", "-C", str(base), "am", "-q", "--include=src/*", *series, external=True, env=git_identity)
     session.install("--no-deps", "--force-reinstall", str(base))

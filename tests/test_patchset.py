@@ -17,13 +17,26 @@ from upstream import series  # noqa: E402
 pytestmark = pytest.mark.package_only
 
 
-def test_committed_series_matches_the_package():
+@pytest.mark.parametrize("base_name", series.BASES)
+def test_committed_ladder_matches_the_package(base_name):
     """Regenerates every new file and every edit, and compares them with patches/ (no Lightning checkout needed)."""
-    assert patchset.check(patchset.Base(None)) == []
+    assert patchset.check(patchset.Base(None), base_name) == []
 
 
-def test_every_patch_is_a_git_am_mbox():
-    for path in sorted((ROOT / "patches").glob("*.patch")):
+def test_committed_2_6_6_ladder_matches_the_package_byte_for_byte_in_src():
+    """The installed Lightning 2.6.6 is the base's ``src/``: every edit of a Lightning source file, byte for byte."""
+    import lightning
+
+    if lightning.__version__ != "2.6.6":
+        pytest.skip(f"the installed Lightning is {lightning.__version__}, not the 2.6.6 base")
+    assert patchset.check(patchset.InstalledLightning(), "2.6.6") == []
+
+
+@pytest.mark.parametrize("base_name", series.BASES)
+def test_every_patch_is_a_git_am_mbox(base_name):
+    paths = sorted(patchset.series_dir(base_name).glob("*.patch"))
+    assert len(paths) == len(series.series(base_name))
+    for path in paths:
         text = path.read_text()
         assert text.startswith("From ")
         assert "\nFrom: " in text
@@ -32,33 +45,61 @@ def test_every_patch_is_a_git_am_mbox():
 
 
 def test_new_files_are_the_package_modules_with_lightning_imports():
-    rendered = patchset.render_module("connector", features=set())
+    rendered = patchset.render_module("connector")
     assert rendered.startswith("# Copyright The Lightning AI team.")
     assert "lightning_compile_patch" not in rendered
-    assert "from lightning.pytorch.utilities.compile_config import" in rendered
+    assert "import lightning.pytorch.trainer.connectors.compile_features as compile_features" in rendered
+    feature = patchset.render_module("features.regions")
+    assert "from lightning.pytorch.trainer.connectors.compile_connector import" in feature
     ast.parse(rendered)
+    ast.parse(feature)
 
 
-def test_tagged_lines_appear_from_their_feature_on():
-    without = patchset.render_module("config", features=set())
-    with_regions = patchset.render_module("config", features={"regions"})
-    assert "# patch:" not in without + with_regions
-    assert '"regions":' not in without
-    assert '"regions":' in with_regions
-    ast.parse(without)
-    ast.parse(with_regions)
+def test_the_core_adds_at_most_250_lines_under_src():
+    for base_name in series.BASES:
+        core = next(iter(sorted(patchset.series_dir(base_name).glob("0001-*.patch")))).read_text()
+        added = [
+            line
+            for path, section in patchset.split_sections(core)[1].items()
+            if path.startswith("src/") and not path.endswith("CHANGELOG.md")
+            for line in section.splitlines()
+            if line.startswith("+") and not line.startswith("+++")
+        ]
+        assert len(added) <= 250, base_name
+
+
+def test_each_later_patch_adds_one_feature_module_and_edits_no_core_code():
+    core_paths = {patchset.upstream_path("connector"), series.TRAINER, series.COMPILE_UTILS, series.STRATEGY}
+    for base_name in series.BASES:
+        for patch in series.series(base_name)[1:]:
+            assert len(patch.modules) == 1
+            assert patch.modules[0].startswith("features.")
+            assert not {edit.path for edit in patch.edits} & core_paths, patch.subject
 
 
 def test_drift_is_detected(monkeypatch):
     original = patchset.render_module
 
-    def changed(module, features):
-        text = original(module, features)
+    def changed(module):
+        text = original(module)
         return text.replace("`use_compile` wins", "`use_compile` wins!") if module == "connector" else text
 
     monkeypatch.setattr(patchset, "render_module", changed)
-    problems = patchset.check(patchset.Base(None))
-    assert any("compile_connector.py differs" in p for p in problems)
+    for base_name in series.BASES:
+        problems = patchset.check(patchset.Base(None), base_name)
+        assert any("compile_connector.py differs" in p for p in problems), base_name
+
+
+def test_drift_in_a_lightning_fix_is_detected(monkeypatch):
+    import lightning
+
+    if lightning.__version__ != "2.6.6":
+        pytest.skip(f"the installed Lightning is {lightning.__version__}, not the 2.6.6 base")
+    original = patchset.fixed_source
+    monkeypatch.setattr(patchset, "fixed_source", lambda edit: original(edit) + "    # drift\n")
+    problems = patchset.check(patchset.InstalledLightning(), "2.6.6")
+    assert any("utilities/compile.py differs" in p for p in problems)
+    assert any("strategies/strategy.py differs" in p for p in problems)
 
 
 def _connector_calls(source: str) -> set[str]:
@@ -77,10 +118,7 @@ def _connector_calls(source: str) -> set[str]:
 
 def test_trainer_edits_call_the_connector_where_the_monkeypatch_does():
     added = "\n".join(
-        line.strip()
-        for edit in series.USE_COMPILE.edits
-        if edit.path == series.TRAINER
-        for line in edit.new.splitlines()
+        line.strip() for edit in series.CORE.edits if edit.path == series.TRAINER for line in edit.new.splitlines()
     )
     upstream_calls = {
         call for call in ("verify_strategy", "unwrap", "on_run_start", "compile", "teardown") if call in added
@@ -134,16 +172,18 @@ def test_a_series_that_does_not_apply_leaves_the_fork_unchanged(tmp_path):
     assert status == ""
 
 
-@pytest.mark.parametrize("level", range(len(series.SERIES)))
-def test_every_patch_leaves_importable_code(level, tmp_path):
-    """Each patch of the series, applied alone on top of the ones before, leaves no undefined or unused name."""
-    ruff = pytest.importorskip("ruff")  # noqa: F841
-    features = patchset.features_up_to(level)
-    for module in patchset.UPSTREAM_MODULES:
-        (tmp_path / f"{module}.py").write_text(patchset.render_module(module, features))
-    result = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F,E9", str(tmp_path)],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout
+@pytest.mark.parametrize("base_name", series.BASES)
+def test_every_rung_on_the_core_alone_leaves_importable_code(base_name, tmp_path):
+    """The core with any one feature module, as a maintainer may take it, has no undefined or unused name."""
+    pytest.importorskip("ruff")
+    for patch in series.series(base_name)[1:]:
+        folder = tmp_path / patch.modules[0]
+        folder.mkdir()
+        for module in ("connector", patch.modules[0]):
+            (folder / f"{module}.py").write_text(patchset.render_module(module))
+        result = subprocess.run(
+            [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F,E9", str(folder)],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stdout

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SERIES = sorted((ROOT / "patches").glob("*.patch"))
+SERIES = sorted((ROOT / "patches" / "lightning-2.6.6").glob("*.patch"))
 EXPECTED_VERSION = "2.6.6"
 TRAINER = "src/lightning/pytorch/trainer/trainer.py"
 

@@ -25,6 +25,7 @@ import difflib
 import hashlib
 import re
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +170,19 @@ class Base:
         return (self.root / path).read_text()
 
 
+class InstalledLightning(Base):
+    """The ``src/`` of the installed ``lightning`` package, as a base (its other files read as ``None``)."""
+
+    def __init__(self) -> None:
+        import lightning
+
+        super().__init__(Path(lightning.__file__).parents[1])
+
+    def read(self, path: str) -> str | None:
+        """The installed file for a ``src/`` path, else ``None``."""
+        return super().read(path.removeprefix("src/")) if path.startswith("src/") else None
+
+
 _UNKNOWN_BASE = "<the base lacks this file>"
 
 
@@ -290,14 +304,14 @@ def _check_edited_lines(name: str, path: str, section: str, patch: Patch) -> lis
     got_removed = [line[1:] for line in lines if line.startswith("-")]
     got_added = [line[1:] for line in lines if line.startswith("+")]
 
-    def same(got: list[str], expected: list[str]) -> bool:  # blank lines may pair up differently in a whole file
-        return sorted(filter(None, got)) == sorted(filter(None, expected))
+    def net(added: list[str], removed: list[str]) -> Counter:  # how a diff pairs lines varies; the net change does not
+        return Counter(filter(None, added)) - Counter(filter(None, removed))
 
     if whole_defs:
         # a function replaced whole (`ReplaceDef`) removes lines only the base knows, and keeps the ones it shares
-        ok = set(filter(None, got_added)) <= set(added) and set(filter(None, removed)) <= set(got_removed)
+        ok = set(net(got_added, got_removed)) <= set(added) and set(net(removed, [])) <= set(got_removed)
     else:
-        ok = same(got_removed, removed) and same(got_added, added)
+        ok = net(got_added, got_removed) == net(added, removed) and net(got_removed, got_added) == net(removed, added)
     if not ok:
         return [f"{name}: {path} does not make exactly the edits in tools/upstream/series.py"]
     return []

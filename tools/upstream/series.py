@@ -138,6 +138,12 @@ _LIMITATION_DDP = (
     " `Apply torch.compile in configure_model`_ above.\n"
 )
 
+_FIXED = (
+    "- Fixed `to_uncompiled` leaving the step methods behind as instance attributes, and `_ForwardRedirection` leaving"
+    " `forward` patched when the wrapped call raises; the strategy check for compiled models now refuses `XLAStrategy`"
+    f" and accepts `ModelParallelStrategy` {ISSUE}"
+)
+
 CORE = Patch(
     subject="Add `Trainer(use_compile=...)` to compile the model after the strategy wraps it",
     body="""\
@@ -270,17 +276,13 @@ can check a strategy for a model that is yet to be compiled.""",
         Replace(
             CHANGELOG,
             "### Removed\n\n-\n\n### Fixed\n\n-\n",
-            "### Removed\n\n-\n\n### Fixed\n\n- Fixed `to_uncompiled` leaving the step methods behind as instance attributes, and"
-            " `_ForwardRedirection` leaving `forward` patched when the wrapped call raises; `XLAStrategy` is no"
-            f" longer accepted for a compiled model, and `ModelParallelStrategy` is {ISSUE}\n",
+            f"### Removed\n\n-\n\n### Fixed\n\n{_FIXED}\n",
             bases=("2.6.6",),
         ),
         Replace(
             CHANGELOG,
             "### Removed\n\n-\n\n### Fixed\n\n",
-            "### Removed\n\n-\n\n### Fixed\n\n- Fixed `to_uncompiled` leaving the step methods behind as instance attributes, and"
-            " `_ForwardRedirection` leaving `forward` patched when the wrapped call raises; `XLAStrategy` is no"
-            f" longer accepted for a compiled model, and `ModelParallelStrategy` is {ISSUE}\n\n",
+            f"### Removed\n\n-\n\n### Fixed\n\n{_FIXED}\n\n",
             bases=("master",),
         ),
         Replace(
@@ -336,11 +338,12 @@ or one of the wrong type, each with an error that names the value and what to pa
         Replace(
             TRAINER_DOCS,
             "    trainer = Trainer(use_compile=False)\n",
-            "    trainer = Trainer(use_compile=False)\n\nThe backend, the mode and the options are checked when the Trainer"
-            " is created, so a typo fails right away.\n",
+            "    trainer = Trainer(use_compile=False)\n\nThe backend, the mode and the options are checked when the"
+            " Trainer is created, so a typo fails right away.\n",
         ),
         *_changelog_added(
-            f"- Added checks of the `torch.compile` arguments of `Trainer(use_compile=...)` when the Trainer is built {ISSUE}",
+            "- Added checks of the `torch.compile` arguments of `Trainer(use_compile=...)` when the Trainer is built"
+            f" {ISSUE}",
             5,
         ),
     ),
