@@ -16,7 +16,7 @@ import torch.nn as nn
 from torch._dynamo import compiled_autograd
 from torch.utils.data import DataLoader, TensorDataset
 
-import lightning_compile_patch  # noqa: F401  (patches pytorch_lightning's Trainer too)
+import lightning_compile_patch  # patches pytorch_lightning's Trainer too
 import pytorch_lightning as pl
 from pytorch_lightning.strategies import DDPStrategy
 
@@ -74,7 +74,7 @@ def run_training(model_kind: str, backend: str, accelerator: str = "cpu") -> dic
     device = next(module.parameters()).device
     with torch.no_grad():
         loss = torch.mean((module(x.to(device)) - y.to(device)) ** 2).item()
-    return {"loss": loss, "steps": trainer.global_step, "summary": trainer._compile_connector.last_summary}
+    return {"loss": loss, "steps": trainer.global_step, "summary": lightning_compile_patch.last_summary(trainer)}
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import QUIET, lightning_side
+from helpers import QUIET, feature, lightning_side
 from lightning.pytorch import Callback, Trainer
 
 TESTS = Path(__file__).parent
@@ -106,8 +106,8 @@ def test_a_file_that_is_not_a_cache_is_ignored_with_a_warning(tmp_path):
 
 def test_true_means_the_default_directory(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    config = Trainer(use_compile={"cache": True}, **QUIET)._compile_connector.config
-    assert config.cache == str(tmp_path / "lightning" / "compile")
+    trainer = Trainer(use_compile={"cache": True}, **QUIET)
+    assert feature(trainer, "cache").cache == str(tmp_path / "lightning" / "compile")
 
 
 @pytest.mark.parametrize("cache", [1, "", ["dir"], 0.5])

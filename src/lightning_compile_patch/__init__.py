@@ -12,9 +12,21 @@ Importing it again changes nothing; :func:`remove` undoes the patch.
 
 """
 
+from typing import Any, Optional
+
 from lightning_compile_patch.patch import apply, is_applied, remove
 
 __version__ = "0.1.0"
-__all__ = ["apply", "is_applied", "remove"]
+__all__ = ["apply", "is_applied", "last_summary", "remove"]
+
+
+def last_summary(trainer: Any) -> Optional[Any]:
+    """What the compiler did in ``trainer``'s last run that compiled: graphs, recompiles, graph breaks, compiled and
+    eager steps, seconds. ``None`` before such a run.
+    """
+    connector = getattr(trainer, "_compile_connector", None)
+    features = connector.features if connector is not None else []
+    return next((f.last_summary for f in features if hasattr(f, "last_summary")), None)
+
 
 apply()

@@ -31,7 +31,7 @@ def _run_one(name: str, steps: int, layers: int) -> dict[str, Any]:
     """Trains in this process and returns the measurements."""
     import torch
 
-    import lightning_compile_patch  # noqa: F401
+    import lightning_compile_patch
     from lightning.pytorch import Callback, Trainer
     from lightning_compile_patch.demos.gpt import GPTConfig, GPTModule
 
@@ -63,7 +63,7 @@ def _run_one(name: str, steps: int, layers: int) -> dict[str, Any]:
         enable_model_summary=False,
     )
     trainer.fit(GPTModule(GPTConfig(n_layer=layers)))
-    summary = trainer._compile_connector.last_summary
+    summary = lightning_compile_patch.last_summary(trainer)
     return {
         "name": name,
         "first_step_s": timer.times[0],

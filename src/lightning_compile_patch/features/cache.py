@@ -167,12 +167,16 @@ class _Cache(_CompileFeature):
     def __init__(self, options: dict[str, Any]) -> None:
         super().__init__(options)
         self.cache = _parse_cache_dir(options.get("cache"))
+        self._compile_kwargs: dict[str, Any] = {}
         self._save: Optional[Callable[[], None]] = None
 
+    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+        self._compile_kwargs = dict(connector.run_kwargs or {})  # as given, before other features change them
+
     def setup(self, connector: _CompileConnector) -> None:
-        if self.cache is not None and connector.run_kwargs is not None:
+        if self.cache is not None:
             regions = connector.use_compile.get("regions") if isinstance(connector.use_compile, dict) else None
-            self._save = _warm_start(self.cache, connector.trainer, connector.run_kwargs, regions)
+            self._save = _warm_start(self.cache, connector.trainer, self._compile_kwargs, regions)
 
     def teardown(self, connector: _CompileConnector) -> None:
         save, self._save = self._save, None

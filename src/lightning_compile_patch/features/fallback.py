@@ -1,17 +1,32 @@
-"""What happens when compilation fails: an error that names the run, or ``fallback="eager"``.
+"""What happens when compilation fails: an error that names the run, or ``fallback="eager"``; and the next run.
 
 A compile error deep inside Dynamo says what failed to trace, not which Trainer run it belongs to. The error raised
 here names the stage, the strategy and the ``use_compile`` value, leaves every module uncompiled, and says how to go on.
 With ``use_compile={"fallback": "eager"}``, the run warns once instead and continues uncompiled.
 
+* The backward: AOTAutograd compiles it lazily, inside ``loss.backward()``, outside the compiled step. Where torch
+  can compile it together with the forward (``force_non_lazy_backward_lowering``, torch 2.13+), it does so here, so
+  a backward that cannot compile fails, or falls back, exactly like the forward. On older torch the error is raised
+  from the backward, named the same way, and ``fallback`` cannot apply to it.
+* The next run: when a compiled step raises (a bad batch, a failed assert), Dynamo marks the code it was compiling
+  "skip" for the rest of the process, and every later run of the step would be eager. When a run fails, the code
+  objects that Dynamo converted during that run, and only those, are reset, so the next run compiles again.
+
 """
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Optional
 
 import torch
+import torch._functorch.config as functorch_config
+from torch._dynamo.convert_frame import input_codes
 
+from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
+
+#: torch 2.13+ can compile the backward together with the forward.
+_NON_LAZY_BACKWARD = hasattr(functorch_config, "force_non_lazy_backward_lowering")
 
 _CHOICES = (None, "eager")
 #: What a failed compile raises; ``FailOnRecompileLimitHit`` exists from torch 2.7 on, outside Dynamo's hierarchy.
@@ -37,16 +52,24 @@ class _Fallback(_CompileFeature):
                 " error stops the run) or 'eager' (warn once and continue uncompiled)."
             )
         self.fell_back = False
+        self._codes_before: Optional[int] = None
+        self._restore_backward: Optional[Callable[[], None]] = None
+
+    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+        self.fell_back = False
+        self._codes_before = len(input_codes.seen)
 
     def setup(self, connector: _CompileConnector) -> None:
-        self.fell_back = False
+        if not _NON_LAZY_BACKWARD:
+            self._restore_backward = _name_backward_errors(connector)
 
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable) -> Callable:
         def run(*args: Any, **kwargs: Any) -> Any:
             if self.fell_back:
                 return original(*args, **kwargs)
             try:
-                return compiled(*args, **kwargs)
+                with _backward_with_forward():
+                    return compiled(*args, **kwargs)
             except _COMPILE_ERRORS as error:
                 if self.fallback != "eager":
                     connector.uncompile()
@@ -63,6 +86,43 @@ class _Fallback(_CompileFeature):
                 raise
 
         return run
+
+    def teardown(self, connector: _CompileConnector) -> None:
+        restore, self._restore_backward = self._restore_backward, None
+        if restore is not None:
+            restore()
+        if self._codes_before is not None and connector.trainer.state.status == TrainerStatus.INTERRUPTED:
+            for ref in input_codes.seen[self._codes_before :]:
+                code = ref()
+                if code is not None:
+                    torch._C._dynamo.eval_frame.reset_code(code)  # clears its cache entries and its "skip" mark
+        self._codes_before = None
+
+
+def _backward_with_forward() -> contextlib.AbstractContextManager:
+    """Has AOTAutograd compile the backward while it compiles the forward, where torch can."""
+    if _NON_LAZY_BACKWARD:
+        return functorch_config.patch(force_non_lazy_backward_lowering=True)
+    return contextlib.nullcontext()
+
+
+def _name_backward_errors(connector: _CompileConnector) -> Callable[[], None]:
+    """On torch before 2.13: a backward that fails to compile raises an error naming the run; returns the undo."""
+    strategy = connector.trainer.strategy
+    backward = strategy.backward
+
+    def named(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return backward(*args, **kwargs)
+        except _COMPILE_ERRORS as error:
+            connector.uncompile()
+            raise RuntimeError(
+                f"{_failure_message(connector, error, fallback=False)} (It failed in the backward: `fallback` applies"
+                " to the backward from torch 2.13 on.)"
+            ) from error
+
+    strategy.backward = named  # type: ignore[method-assign]
+    return lambda: strategy.__dict__.pop("backward", None)
 
 
 def _describe_run(connector: _CompileConnector) -> str:

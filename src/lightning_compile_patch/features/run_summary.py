@@ -3,7 +3,10 @@
 * While compiling: one rank-zero line when the first compiled step of a kind (training, evaluation) starts, and one
   when it has finished, with the seconds. Without them a cold compile looks like a run that hangs at step 0.
 * A warning as soon as any frame hits Dynamo's recompile limit, after which Dynamo runs it uncompiled.
-* At the end: one summary line with graphs, recompiles, graph breaks and compile seconds.
+* Every step that ran no compiled code, whatever the cause (a "skip" mark, the recompile limit,
+  ``torch.compiler.disable``, ``suppress_errors``): counted per stage, and told in one warning with the cause and the
+  fix. The backend is wrapped to count how often its compiled graphs run: a step during which none ran was eager.
+* At the end: one summary line with graphs, recompiles, graph breaks, compiled and eager steps, and compile seconds.
 
 """
 
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+from torch._dynamo.symbolic_convert import InstructionTranslator
 from torch._dynamo.utils import counters, get_compilation_metrics
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -41,6 +45,11 @@ class _CompileSummary:
     expected_breaks: int = 0
     compile_seconds: float = 0.0
     recompile_limit_hits: list[str] = field(default_factory=list)
+    #: Steps that ran compiled code, and steps that ran none, by kind ("training", "evaluation").
+    compiled_steps: dict[str, int] = field(default_factory=dict)
+    eager_steps: dict[str, int] = field(default_factory=dict)
+    #: Whether the run went on uncompiled after a compile error (``fallback="eager"``).
+    fell_back: bool = False
 
     def line(self, backend: str, strategy: str) -> str:
         """The one summary line."""
@@ -48,10 +57,69 @@ class _CompileSummary:
         if self.expected_breaks:
             breaks += f" ({self.expected_breaks} expected: in DDP's own code, at region boundaries)"
         hits = f", {_count(len(self.recompile_limit_hits), 'recompile-limit hit')}" if self.recompile_limit_hits else ""
+        steps = ", ".join(
+            f"{kind} {self.compiled_steps.get(kind, 0)} compiled / {self.eager_steps.get(kind, 0)} eager"
+            for kind in sorted({*self.compiled_steps, *self.eager_steps})
+        )
         return (
             f"`use_compile` ({self.stage}, {strategy}, {backend}): {_count(self.graphs, 'graph')},"
-            f" {_count(self.recompiles, 'recompile')}, {breaks}{hits}, {self.compile_seconds:.1f} s compiling."
+            f" {_count(self.recompiles, 'recompile')}, {breaks}{hits}, steps: {steps or 'none'}"
+            f"{' (then uncompiled: fallback)' if self.fell_back else ''},"
+            f" {self.compile_seconds:.1f} s compiling."
         )
+
+
+class _CountingBackend:
+    """The run's backend, counting how often the graphs it compiled run."""
+
+    def __init__(self, backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool]) -> None:
+        if backend == "inductor":
+            self.inner: Any = torch._TorchCompileInductorWrapper(mode, options, dynamic)
+        else:
+            self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
+        #: How often the graphs of each frame ran, by the name of the frame's code (resume functions name theirs).
+        self.runs: dict[str, int] = {}
+        self.__name__ = getattr(self.inner, "compiler_name", "backend")
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
+        compiled = self.inner(gm, example_inputs, **kwargs)
+        frame = InstructionTranslator.current_tx().f_code.co_name
+        runs = self.runs
+
+        def run(*args: Any) -> Any:
+            runs[frame] = runs.get(frame, 0) + 1
+            return compiled(*args)
+
+        run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
+        return run
+
+    def runs_of(self, step: str) -> int:
+        """How often graphs of ``step``'s frames ran: all of them for a module's call, which covers every frame."""
+        return sum(n for frame, n in self.runs.items() if step == "_call_impl" or step in frame)
+
+    def __getattr__(self, name: str) -> Any:  # `get_compiler_config`, `reset`, ... of the backend itself
+        if "inner" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["inner"], name)
+
+    def __deepcopy__(self, memo: dict) -> "_CountingBackend":
+        return self  # one per configuration and process (Lightning deep-copies the `torch.compile` arguments)
+
+
+#: One counting backend per configuration for the process: Dynamo keys compiled code on the backend object, so that
+#: a new one each run would compile everything again.
+_COUNTING_BACKENDS: dict[str, _CountingBackend] = {}
+
+
+def _counting(run_kwargs: dict[str, Any]) -> _CountingBackend:
+    """Replaces the backend, mode and options of ``run_kwargs`` with the counting backend that stands for them."""
+    backend, mode, options = (run_kwargs.pop(key, None) for key in ("backend", "mode", "options"))
+    backend = backend or "inductor"
+    key = repr((backend if isinstance(backend, str) else id(backend), mode, options, run_kwargs.get("dynamic")))
+    if key not in _COUNTING_BACKENDS:
+        _COUNTING_BACKENDS[key] = _CountingBackend(backend, mode, options, run_kwargs.get("dynamic"))
+    run_kwargs["backend"] = _COUNTING_BACKENDS[key]
+    return _COUNTING_BACKENDS[key]
 
 
 def _count(n: int, noun: str) -> str:
@@ -83,8 +151,12 @@ class _RecompileLimitWatch(logging.Filter):
 class _CompileReport:
     """Watches one run: Dynamo's counters, the first compiled steps, and recompile-limit hits."""
 
-    def __init__(self, stage: str, strategy: str, backend: str) -> None:
+    def __init__(self, stage: str, strategy: str, backend: str, counting: Optional[_CountingBackend] = None) -> None:
         self.summary = _CompileSummary(stage)
+        self.backend = counting
+        self._warned_eager = False
+        #: Whether the run went on uncompiled on purpose (``fallback="eager"``): no warning of our own then.
+        self.fell_back: Callable[[], bool] = lambda: False
         self._strategy = strategy
         self._backend = backend
         self._start_us = 0
@@ -102,8 +174,10 @@ class _CompileReport:
         # user when it happens; the filter is removed in `finish`, which the run's teardown calls on every path
         logging.getLogger(_RECOMPILE_LIMIT_LOGGER).addFilter(self._watch)
 
-    def timed(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
-        """Wraps a compiled callable to announce the first compiled step of each kind, and how long it took."""
+    def timed(self, compiled: Callable[..., Any], step: str) -> Callable[..., Any]:
+        """Wraps a compiled callable to announce the first compiled step of each kind, and how long it took, and to
+        count the steps that ran compiled code of their own (``step``: the name of the method compiled).
+        """
 
         def run(*args: Any, **kwargs: Any) -> Any:
             training = torch.is_grad_enabled()
@@ -111,12 +185,39 @@ class _CompileReport:
                 self._announce_start(training)
             elif self._first_step[training] is not None:
                 self._announce_done(training)  # a training step ends after its backward: at the next call
+            runs = self.backend.runs_of(step) if self.backend is not None else 0
             out = compiled(*args, **kwargs)
             if not training and self._first_step.get(training) is not None:
                 self._announce_done(training)
+            if self.backend is not None:
+                self._count_step("training" if training else "evaluation", self.backend.runs_of(step) > runs)
             return out
 
         return run
+
+    def _count_step(self, kind: str, compiled: bool) -> None:
+        steps = self.summary.compiled_steps if compiled else self.summary.eager_steps
+        steps[kind] = steps.get(kind, 0) + 1
+        if not compiled and not self._warned_eager and not self.fell_back():
+            self._warned_eager = True
+            rank_zero_warn(
+                f"`use_compile`: a {kind} step ({self.summary.stage}) ran without compiled code: {self._eager_cause()}"
+                " The run goes on uncompiled where this happens; the summary at the end counts such steps."
+            )
+
+    def _eager_cause(self) -> str:
+        """Why a step ran eager, as far as the run can tell, and what to do."""
+        if self.summary.recompile_limit_hits:
+            return "it hit Dynamo's recompile limit (see the warning above)."
+        if torch._dynamo.config.suppress_errors:
+            return (
+                "Dynamo failed to compile it and `torch._dynamo.config.suppress_errors` hid the error. Set it to"
+                " `False` to see the error."
+            )
+        return (
+            "Dynamo skipped its code, after an earlier error in this process or because of `torch.compiler.disable`."
+            " Run with `TORCH_LOGS=graph_breaks,recompiles` to see why."
+        )
 
     def _announce_start(self, training: bool) -> None:
         kind = "training" if training else "evaluation"
@@ -136,6 +237,7 @@ class _CompileReport:
     def finish(self) -> _CompileSummary:
         """Stops watching, fills in the summary and logs it."""
         logging.getLogger(_RECOMPILE_LIMIT_LOGGER).removeFilter(self._watch)
+        self.summary.fell_back = self.fell_back()
         for training, started in self._first_step.items():
             if started is not None:
                 self._announce_done(training)
@@ -159,7 +261,7 @@ class _CompileReport:
 class _RunSummary(_CompileFeature):
     """Tells what the compiler did: the first compiled steps, recompile-limit hits, and one summary line per run."""
 
-    order = 20
+    order = 95  # outermost: a step that `fallback` ran eagerly counts as eager
 
     def __init__(self, options: dict[str, Any]) -> None:
         super().__init__(options)
@@ -167,17 +269,22 @@ class _RunSummary(_CompileFeature):
         self.last_summary: Optional[_CompileSummary] = None
         self._report: Optional[_CompileReport] = None
 
-    def setup(self, connector: _CompileConnector) -> None:
+    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
         trainer = connector.trainer
         assert connector.run_kwargs is not None
         backend = connector.run_kwargs.get("backend") or "inductor"
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
-        self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend)
+        counting = _counting(connector.run_kwargs)  # before any feature compiles: regions run the same backend
+        self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend, counting)
+        self._report.fell_back = lambda: any(getattr(f, "fell_back", False) for f in connector.features)
+
+    def setup(self, connector: _CompileConnector) -> None:
+        assert self._report is not None
         self._report.start()
 
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable) -> Callable:
         assert self._report is not None
-        return self._report.timed(compiled)
+        return self._report.timed(compiled, getattr(original, "__name__", "_call_impl"))
 
     def teardown(self, connector: _CompileConnector) -> None:
         report, self._report = self._report, None

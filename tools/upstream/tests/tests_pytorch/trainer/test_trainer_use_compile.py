@@ -99,7 +99,7 @@ def test_use_compile_in_signature():
     ("use_compile", "error", "match"),
     [
         ("yes", TypeError, "pass `True`, `False`, `None` or a dict"),
-        ({"bakend": "eager"}, ValueError, "unknown key 'bakend'. Did you mean 'backend'?"),
+        ({"backnd": "eager"}, ValueError, "unknown key 'backnd'. Did you mean 'backend'?"),
         ({"fullgraph": "yes"}, TypeError, "must be a bool"),
     ],
 )
@@ -151,6 +151,8 @@ def test_use_compile_sets_no_process_wide_state(tmp_path):
 
     import torch._dynamo.config as dynamo_config
 
+    # torch's first `torch.compile` in a process sets TORCHINDUCTOR_CACHE_DIR to its default: do it before the snapshot
+    torch.compile(torch.nn.Linear(1, 1), backend="eager")(torch.ones(1, 1))
     config_before, environ_before = dynamo_config.get_config_copy(), dict(os.environ)
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS)
     trainer.fit(BoringModel())

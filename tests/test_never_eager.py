@@ -1,0 +1,131 @@
+"""`use_compile` never runs a step uncompiled without saying so, and a failed run does not make the next one eager."""
+
+import warnings
+
+import pytest
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+from helpers import QUIET, last_summary
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+FIT = {**QUIET, "max_steps": 3, "limit_val_batches": 0}
+
+
+class FailsOnce(BoringModel):
+    """Raises in its training step while ``bad`` is set: a bad batch, as a notebook user meets one."""
+
+    bad = True
+
+    def check(self, batch):
+        if self.bad:
+            raise ValueError("bad batch")
+
+    def training_step(self, batch, batch_idx):
+        self.check(batch)
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_fit_after_an_exception_in_the_step_runs_compiled_again():
+    # bug: Dynamo marks the step's code "skip" for the process when the step raises while compiled, and every later
+    # run of the step was eager while the summary still counted graphs
+    model = FailsOnce()
+    with pytest.raises(ValueError, match="bad batch"):
+        Trainer(use_compile={"backend": "aot_eager"}, **FIT).fit(model)
+    model.bad = False
+    trainer = Trainer(use_compile={"backend": "aot_eager"}, **FIT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # and no eager-step warning either
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        trainer.fit(model)
+    assert last_summary(trainer).compiled_steps == {"training": 3}
+    assert last_summary(trainer).eager_steps == {}
+
+
+def test_a_failed_run_resets_only_the_code_it_compiled():
+    other = torch.compile(lambda x: x * 2, backend="eager")
+    other(torch.ones(2))
+    code = other.__wrapped__.__code__ if hasattr(other, "__wrapped__") else None
+    entries_before = torch._dynamo.eval_frame._debug_get_cache_entry_list(code) if code else None
+    model = FailsOnce()
+    with pytest.raises(ValueError, match="bad batch"):
+        Trainer(use_compile={"backend": "aot_eager"}, **FIT).fit(model)
+    if code is not None:
+        assert len(torch._dynamo.eval_frame._debug_get_cache_entry_list(code)) == len(entries_before)
+
+
+def exploding_backend(gm, example_inputs):
+    raise RuntimeError("backend exploded")
+
+
+def test_steps_that_run_eager_are_counted_and_said_once():
+    # bug: with `suppress_errors`, a failing compile ran every step eagerly and the summary still said nothing
+    trainer = Trainer(use_compile={"backend": exploding_backend}, **FIT)
+    with (
+        torch._dynamo.config.patch(suppress_errors=True),
+        pytest.warns(UserWarning, match="ran without compiled code.*suppress_errors") as caught,
+    ):
+        trainer.fit(BoringModel())
+    assert sum("ran without compiled code" in str(w.message) for w in caught) == 1
+    assert last_summary(trainer).eager_steps == {"training": 3}
+    assert last_summary(trainer).compiled_steps == {}
+
+
+def test_a_fallback_is_counted_but_not_warned_twice():
+    trainer = Trainer(use_compile={"backend": exploding_backend, "fallback": "eager"}, **FIT)
+    with pytest.warns(UserWarning, match="continues uncompiled") as caught:
+        trainer.fit(BoringModel())
+    assert not any("ran without compiled code" in str(w.message) for w in caught)
+    # the first step failed to compile and ran eagerly; from then on the model is uncompiled, as the warning says
+    assert last_summary(trainer).eager_steps == {"training": 1}
+    assert last_summary(trainer).fell_back
+
+
+def _exploding_backward():
+    return aot_autograd(fw_compiler=lambda gm, _: gm.forward, bw_compiler=exploding_backend)
+
+
+needs_non_lazy_backward = pytest.mark.skipif(
+    not hasattr(torch._functorch.config, "force_non_lazy_backward_lowering"),
+    reason="torch compiles the backward with the forward from 2.13 on",
+)
+
+
+def _weights(strategy, use_compile):
+    seed_everything(7)
+    model = BoringModel()
+    Trainer(strategy=strategy, use_compile=use_compile, **FIT).fit(model)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@needs_non_lazy_backward
+@pytest.mark.parametrize(("strategy", "name"), [("auto", "SingleDeviceStrategy"), ("ddp", "DDPStrategy")])
+def test_a_backward_that_fails_to_compile_names_the_run(strategy, name):
+    # bug: AOTAutograd compiles the backward inside `loss.backward()`, outside the compiled step: a raw error escaped
+    with pytest.raises(RuntimeError, match=rf"could not compile the fit step .* under {name}.*backend exploded"):
+        Trainer(strategy=strategy, use_compile={"backend": _exploding_backward(), "dynamic": False}, **FIT).fit(
+            BoringModel()
+        )
+
+
+@needs_non_lazy_backward
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_a_backward_that_fails_to_compile_falls_back_like_the_forward(strategy):
+    eager = _weights(strategy, False)
+    with pytest.warns(UserWarning, match="continues uncompiled"):
+        fallen_back = _weights(strategy, {"backend": _exploding_backward(), "dynamic": False, "fallback": "eager"})
+    assert all(torch.equal(fallen_back[k], eager[k]) for k in eager)
+
+
+class SeesTheModel(Callback):
+    def on_exception(self, trainer, pl_module, exception):
+        self.compiled = pl_module._compiler_ctx is not None
+
+
+def test_on_exception_callbacks_see_the_model_as_it_was_when_it_raised():
+    # bug: the monkeypatch uncompiled in `_run`'s `finally`, before Lightning's `on_exception` callbacks ran
+    probe = SeesTheModel()
+    with pytest.raises(ValueError, match="bad batch"):
+        Trainer(use_compile={"backend": "aot_eager"}, callbacks=[probe], **FIT).fit(FailsOnce())
+    assert probe.compiled
