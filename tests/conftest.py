@@ -63,13 +63,28 @@ def _fresh_dynamo() -> Iterator[None]:
     torch._dynamo.reset()
 
 
+def _process_state() -> dict:
+    """The process-wide state that a run of `use_compile` may change, and must put back."""
+    import logging
+
+    return {
+        "torch._dynamo.config": torch._dynamo.config.get_config_copy(),
+        # inductor sets its own default cache directory on first use: that one is torch's, not a leak
+        "os.environ": {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"},
+        "logging filters": {name: list(logging.getLogger(name).filters) for name in ("torch._dynamo.convert_frame",)},
+    }
+
+
 @pytest.fixture(autouse=True)
 def _restore_process_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """Undo what a distributed run leaves behind: the process group, env variables and the working directory."""
-    environ = dict(os.environ)
+    """Fails a test after which `use_compile` left process-wide state changed; undoes what torch itself leaves.
+
+    The working directory and the process group are the test's own; torch's own leaks are reset, each with its reason.
+    """
     monkeypatch.chdir(tmp_path)
-    optimize_ddp = torch._dynamo.config.optimize_ddp
-    # DDP built under optimize_ddp="python_reducer" makes torch trace DDP's own file for the rest of the process
+    before = _process_state()
+    # DDP built under optimize_ddp="python_reducer" makes torch trace DDP's own file for the rest of the process: a
+    # leak of torch's, not of the package, which restores every setting it changes
     trace_rules = torch._dynamo.trace_rules
     inlined = set(trace_rules.LEGACY_MOD_INLINELIST)
     yield
@@ -77,6 +92,36 @@ def _restore_process_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> I
     trace_rules.get_legacy_mod_inlinelist.cache_clear()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(environ)
-    torch._dynamo.config.optimize_ddp = optimize_ddp
+    after = _process_state()
+    leaked = {key for key in before if before[key] != after[key]}
+    if "os.environ" in leaked:
+        # Lightning's DDP launch sets its rendezvous variables (MASTER_ADDR, ...) for the process: not ours
+        ours = {k for k in {*before["os.environ"], *after["os.environ"]} if not k.startswith(_LIGHTNING_ENV)}
+        if all(before["os.environ"].get(k) == after["os.environ"].get(k) for k in ours):
+            leaked.discard("os.environ")
+        os.environ.clear()
+        os.environ.update(before["os.environ"])
+    for key, value in before["torch._dynamo.config"].items():
+        if after["torch._dynamo.config"].get(key) != value:
+            setattr(torch._dynamo.config, key, value)  # so that one leak does not fail the tests after it too
+    if leaked:
+        changed = {
+            key: sorted(k for k in {*before[key], *after[key]} if before[key].get(k) != after[key].get(k))
+            for key in leaked
+        }
+        pytest.fail(f"the test left process-wide state changed: {changed}")
+
+
+#: Variables that Lightning's launchers and seeding, and pytest, set for the process: not ours.
+_LIGHTNING_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "RANK",
+    "PL_",
+    "TORCHELASTIC",
+    "OMP_NUM_THREADS",
+    "PYTEST_",
+)

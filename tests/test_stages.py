@@ -6,7 +6,7 @@ from torch._dynamo.utils import get_compilation_metrics
 from torch.nn.parallel import DistributedDataParallel
 
 from helpers import DDP_BOUNDARY, DDP_BREAKS, QUIET, CountingBackend, LoggingModel, StateProbe, dynamo_stats
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import Callback, Trainer, seed_everything
 
 STAGE_LIMITS = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2, "limit_predict_batches": 2}
 
@@ -79,15 +79,31 @@ def test_fullgraph_works_with_a_model_that_logs():
     assert dynamo_stats().graph_breaks == {}
 
 
+class ReducerProbe(Callback):
+    def on_train_batch_start(self, trainer, *args):
+        self.python_reducer = trainer.strategy.model._use_python_reducer
+
+
 def test_ddp_forward_is_inside_the_compiled_region():
     """Under DDP the compiled call starts at DDP's own forward, so its pre- and post-forward are traced.
 
     With ``optimize_ddp="python_reducer"`` torch does not break the graph at the inner module call, so the step's
     operations land in one graph whose frame is ``DistributedDataParallel.forward``, with its pre- and post-forward.
     """
-    torch._dynamo.config.optimize_ddp = "python_reducer"
-    trainer = Trainer(strategy="ddp", use_compile={"backend": "eager"}, max_steps=2, limit_val_batches=0, **QUIET)
+    reducer = ReducerProbe()
+    trainer = Trainer(
+        strategy="ddp",
+        use_compile={"backend": "eager", "optimize_ddp": "python_reducer"},
+        max_steps=2,
+        limit_val_batches=0,
+        callbacks=[reducer],
+        **QUIET,
+    )
+    before = torch._dynamo.config.optimize_ddp
     trainer.fit(LoggingModel())
+    # bug: the option was set after DDP was built, which reads it in its constructor: the C++ reducer ran
+    assert reducer.python_reducer is True
+    assert torch._dynamo.config.optimize_ddp == before  # restored after the run
     frames = {
         (m.co_name, m.co_filename.endswith("parallel/distributed.py")): m.graph_op_count
         for m in get_compilation_metrics()

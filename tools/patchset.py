@@ -79,7 +79,30 @@ def render_module(module: str) -> str:
     if not source:
         return source  # an empty package `__init__.py`, as Lightning's are
     renames = {f"lightning_compile_patch.{name}": target for name, target in UPSTREAM_MODULES.items()}
-    return LICENSE_HEADER + flavours.rename_imports(source, renames)
+    return LICENSE_HEADER + sort_lightning_imports(flavours.rename_imports(source, renames))
+
+
+def sort_lightning_imports(source: str) -> str:
+    """Sorts each run of ``from lightning.... import`` statements by module again, as Lightning's isort does.
+
+    The renaming moves a name across others: ``lightning_compile_patch.connector`` sorts after
+    ``lightning.pytorch.utilities``, ``lightning.pytorch.trainer.connectors.compile_connector`` before it.
+
+    """
+    lines = source.splitlines(keepends=True)
+    runs: list[list[ast.ImportFrom]] = []
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("lightning.")):
+            runs.append([])
+        elif runs and runs[-1] and runs[-1][-1].end_lineno == node.lineno - 1:
+            runs[-1].append(node)
+        else:
+            runs.append([node])
+    for run in reversed([run for run in runs if len(run) > 1]):
+        statements = sorted(run, key=lambda node: str(node.module))
+        first, last = run[0].lineno - 1, run[-1].end_lineno
+        lines[first:last] = ["".join(lines[node.lineno - 1 : node.end_lineno]) for node in statements]
+    return "".join(lines)
 
 
 def _def_span(tree: ast.Module, name: str, cls: str | None) -> tuple[int, int]:

@@ -12,7 +12,7 @@ import importlib
 import inspect
 import pkgutil
 from collections.abc import Mapping
-from typing import Any, Callable, ClassVar, Optional, Union
+from typing import Any, Callable, ClassVar, Optional, Union, cast
 
 import torch
 from torch._dynamo import OptimizedModule
@@ -63,8 +63,10 @@ def _features() -> list[type[_CompileFeature]]:
 
 
 class _CompileConnector:
-    """Owns ``Trainer(use_compile=...)``: ``None`` compiles a ``torch.compile``-d model again after the wrap, with the
-    same arguments; ``False`` keeps Lightning's behavior; ``True`` or a dict compiles every model after the wrap.
+    """Owns ``Trainer(use_compile=...)``: whether the model is compiled after the wrap, and with which arguments.
+
+    ``None``: a ``torch.compile``-d model, with its own arguments; ``False``: never; ``True`` or a dict: every model.
+
     """
 
     def __init__(self, trainer: "pl.Trainer", use_compile: _USE_COMPILE) -> None:
@@ -118,18 +120,19 @@ class _CompileConnector:
             feature.on_run_start(self, model)
 
     def compile(self) -> None:
-        """Compiles, in place, what the strategy calls in this stage. The strategy has wrapped the model."""
+        """Compiles, in place, what the strategy calls in this stage, after the strategy has wrapped the model."""
         if self.run_kwargs is None:
             return
         for feature in self._active:
             feature.setup(self)
         module = self.trainer.lightning_module
         wrapper = self.trainer.strategy.model
+        assert wrapper is not None
         if wrapper is not module:
             # DDP, FSDP: the strategy calls every step through the wrapper's forward, so one compiled call covers the
             # wrapper's own forward, the step and the loss
             wrapper.compile(**self.run_kwargs)
-            wrapper._compiled_call_impl = self.wrap(wrapper._compiled_call_impl, wrapper._call_impl)
+            wrapper._compiled_call_impl = self.wrap(cast(Callable, wrapper._compiled_call_impl), wrapper._call_impl)
             self.undo.append(lambda: setattr(wrapper, "_compiled_call_impl", None))
             return
         # no wrapper (one device, or a stage without one): the strategy calls the step methods directly

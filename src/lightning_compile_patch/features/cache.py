@@ -12,12 +12,19 @@
 A file that cannot be read, or that another configuration or release wrote, is ignored with a warning: the run then
 compiles cold and writes a new one. Nothing here can stop a run.
 
+Trust: the artifacts hold generated code that runs in the training process. So, as ssh does with its key directory,
+the cache is used only if the directory, the configuration's folder and the file belong to the current user, are no
+symbolic links, and are not writable by group or others; otherwise the run warns, naming the path and the fix, and
+compiles cold without reading or writing anything there. New folders are created ``0700`` and files ``0600``. A cache
+that a team shares on purpose is an explicit opt-in: ``use_compile={"cache": DIR, "cache_shared": True}``.
+
 """
 
 import hashlib
 import json
 import os
 import platform
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -39,7 +46,7 @@ def _default_cache_dir() -> str:
 
 
 def _parse_cache_dir(cache: Any) -> Optional[str]:
-    """Validates a ``cache`` value: ``True`` (the default directory), ``False``/``None`` (none), or a directory path."""
+    """Validates a ``cache`` value: ``True`` (the default directory), ``False``/``None`` (none), or a path."""
     if cache is None or cache is False:
         return None
     if cache is True:
@@ -50,6 +57,28 @@ def _parse_cache_dir(cache: Any) -> Optional[str]:
         f"`Trainer(use_compile={{'cache': {cache!r}}})` must be `True` (the default directory, {_default_cache_dir()})"
         " or the path of a directory."
     )
+
+
+def _untrusted(paths: list[Path]) -> Optional[str]:
+    """Why one of ``paths`` (those that exist) cannot be trusted to hold code for this user, or ``None``."""
+    for path in paths:
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            return f"{path} is a symbolic link"
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            return f"{path} belongs to another user (uid {info.st_uid})"
+        if info.st_mode & 0o022:
+            return f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _structure(module: torch.nn.Module) -> str:
+    """A digest of the model's parameter names, shapes and dtypes: two sizes of one class get separate caches."""
+    shapes = [(name, tuple(p.shape), str(p.dtype)) for name, p in module.named_parameters()]
+    return hashlib.sha256(repr(shapes).encode()).hexdigest()[:16]
 
 
 def _configuration(trainer: "pl.Trainer", compile_kwargs: dict[str, Any], regions: Any) -> dict[str, Any]:
@@ -65,6 +94,7 @@ def _configuration(trainer: "pl.Trainer", compile_kwargs: dict[str, Any], region
         "strategy": type(strategy).__name__,
         "precision": str(trainer.precision),
         "model": f"{type(trainer.lightning_module).__module__}.{type(trainer.lightning_module).__qualname__}",
+        "parameters": _structure(trainer.lightning_module),
         "compile": {key: _describe(value) for key, value in sorted(compile_kwargs.items())},
         "regions": _describe(regions),
     }
@@ -81,12 +111,23 @@ def _describe(value: Any) -> Union[str, int, float, bool, list, dict, None]:
     return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
 
 
-def _warm_start(cache: str, trainer: "pl.Trainer", compile_kwargs: dict, regions: Any) -> Callable[[], None]:
+def _warm_start(
+    cache: str, trainer: "pl.Trainer", compile_kwargs: dict, regions: Any, shared: bool = False
+) -> Callable[[], None]:
     """Loads this configuration's artifacts for this rank, and returns the function that saves them at the end."""
     configuration = _configuration(trainer, compile_kwargs, regions)
     key = hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(cache) / f"{type(trainer.lightning_module).__name__}-{key}"
     artifacts = folder / f"rank{trainer.global_rank}.bin"
+    reason = None if shared else _untrusted([Path(cache), folder, folder / "inductor", artifacts])
+    if reason is not None:
+        rank_zero_warn(
+            f"`use_compile`: the compile cache is not used, because {reason}: its files hold code that would run in"
+            f" this process. Compiling cold. Use a directory of your own (`chmod go-w`), or pass"
+            " `'cache_shared': True` to trust a cache shared on purpose."
+        )
+        return lambda: None
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     restore_env = _use_inductor_dir(folder / "inductor")
     _load(artifacts, configuration)
 
@@ -149,7 +190,7 @@ def _save(path: Path, configuration: dict[str, Any]) -> None:
         saved = torch.compiler.save_cache_artifacts()
         if saved is None:
             return  # the backend produced nothing to cache (for instance "eager")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         header = json.dumps(configuration, sort_keys=True).encode()
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
             tmp.write(_MAGIC + header + b"\n" + saved[0])
@@ -159,14 +200,25 @@ def _save(path: Path, configuration: dict[str, Any]) -> None:
 
 
 class _Cache(_CompileFeature):
-    """Loads the compiled artifacts of the last run of the same configuration before compiling, and saves them after."""
+    """Loads the compiled artifacts of the last run of this configuration before compiling, and saves them after."""
 
-    keys = {"cache": "a directory for compiled artifacts, to start warm next time; True for the default"}
+    keys = {
+        "cache": "a directory for compiled artifacts, to start warm next time; True for the default",
+        "cache_shared": "True to trust a cache directory that others can write (default False)",
+    }
     order = 30
 
     def __init__(self, options: dict[str, Any]) -> None:
         super().__init__(options)
         self.cache = _parse_cache_dir(options.get("cache"))
+        if self.cache is not None and not hasattr(torch.compiler, "save_cache_artifacts"):
+            raise RuntimeError(
+                "`Trainer(use_compile={'cache': ...})` needs torch 2.7 or newer (for `save_cache_artifacts`), but torch"
+                f" {torch.__version__} is installed. Upgrade torch, or leave 'cache' out."
+            )
+        self.shared = options.get("cache_shared", False)
+        if not isinstance(self.shared, bool):
+            raise TypeError(f"`Trainer(use_compile={{'cache_shared': {self.shared!r}}})` must be a bool.")
         self._compile_kwargs: dict[str, Any] = {}
         self._save: Optional[Callable[[], None]] = None
 
@@ -176,7 +228,7 @@ class _Cache(_CompileFeature):
     def setup(self, connector: _CompileConnector) -> None:
         if self.cache is not None:
             regions = connector.use_compile.get("regions") if isinstance(connector.use_compile, dict) else None
-            self._save = _warm_start(self.cache, connector.trainer, self._compile_kwargs, regions)
+            self._save = _warm_start(self.cache, connector.trainer, self._compile_kwargs, regions, self.shared)
 
     def teardown(self, connector: _CompileConnector) -> None:
         save, self._save = self._save, None

@@ -6,7 +6,7 @@ host overhead, so ``"auto"`` (the default) splits only with more than one proces
 
 """
 
-from typing import Any, Union
+from typing import Any
 
 import torch._dynamo.config as dynamo_config
 
@@ -57,7 +57,7 @@ class _OptimizeDDP(_CompileFeature):
             self._previous = _UNSET
 
 
-def _resolve(choice: Any, world_size: int, current: Any) -> Union[bool, str]:
+def _resolve(choice: Any, world_size: int, current: Any) -> Any:
     """The value to compile DDP with: ``"auto"`` splits only with more than one process, unless the user chose.
 
     A value the user set in ``torch._dynamo.config`` themselves (anything but the default ``True``) is kept.

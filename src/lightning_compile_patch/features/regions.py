@@ -79,7 +79,7 @@ def _find_regions(module: nn.Module, regions: Union[str, tuple[Union[type, str],
         ValueError: If nothing matches; the message lists the repeated blocks the model has.
 
     """
-    if regions == "auto":
+    if isinstance(regions, str):  # "auto"
         found = _repeated_blocks(module)
     else:
         found = {}
@@ -109,6 +109,7 @@ def _rest_of_model(module: nn.Module, blocks: dict[str, nn.Module]) -> dict[str,
     inside a loop), so what it calls besides the blocks (embeddings, final norm, head) would run eagerly. These are
     the largest submodules with parameters that neither are, hold nor sit inside a block, found under the module that
     owns the blocks (the nearest ancestor of a block container that is not itself a container).
+
     """
     owners = {_owner(module, name) for name in blocks}
     rest: dict[str, nn.Module] = {}
@@ -144,6 +145,7 @@ def _region_compile_kwargs(compile_kwargs: dict[str, Any], shared: bool) -> dict
     Regions that do not share one graph (``shared=False``: the rest of the model, whose modules of ``torch.nn`` all
     run through the same wrapper code in Dynamo) keep their compiled entries apart, so that they do not add up to
     Dynamo's recompile limit together.
+
     """
     kwargs = {"dynamic": False, **compile_kwargs}
     if shared or "isolate_recompiles" not in inspect.signature(torch.compile).parameters:
@@ -155,6 +157,7 @@ def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, An
     """Compiles each region in place, as a call the surrounding compiled step does not trace into; returns the undo.
 
     ``shared``: the regions are repeated blocks, which share one compiled graph.
+
     """
     kwargs = _region_compile_kwargs(compile_kwargs, shared)
     shadowed = {name: region.__dict__.get("forward", _MISSING) for name, region in regions.items()}
@@ -178,7 +181,7 @@ def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any])
     def compiled_region(*args: Any, **kwargs: Any) -> Any:
         return compiled(*args, **kwargs)
 
-    compiled_region.__wrapped__ = original  # type: ignore[attr-defined]  # for signature inspection
+    compiled_region.__wrapped__ = original  # for signature inspection
     return compiled_region
 
 

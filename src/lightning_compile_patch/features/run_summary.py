@@ -32,6 +32,8 @@ _EXPECTED_BREAKS = (
     "compiled_region",
 )
 _RECOMPILE_LIMIT_LOGGER = "torch._dynamo.convert_frame"
+#: Dynamo's recompile limit; torch before 2.7 calls it `cache_size_limit`.
+_LIMIT_NAME = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 
 
 @dataclass
@@ -72,7 +74,9 @@ class _CompileSummary:
 class _CountingBackend:
     """The run's backend, counting how often the graphs it compiled run."""
 
-    def __init__(self, backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool]) -> None:
+    def __init__(
+        self, backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool], given: dict
+    ) -> None:
         if backend == "inductor":
             self.inner: Any = torch._TorchCompileInductorWrapper(mode, options, dynamic)
         else:
@@ -80,6 +84,8 @@ class _CountingBackend:
         #: How often the graphs of each frame ran, by the name of the frame's code (resume functions name theirs).
         self.runs: dict[str, int] = {}
         self.__name__ = getattr(self.inner, "compiler_name", "backend")
+        #: The ``torch.compile`` arguments this backend stands for, as given.
+        self.given = given
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
         compiled = self.inner(gm, example_inputs, **kwargs)
@@ -90,7 +96,7 @@ class _CountingBackend:
             runs[frame] = runs.get(frame, 0) + 1
             return compiled(*args)
 
-        run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
+        run._boxed_call = getattr(compiled, "_boxed_call", False)
         return run
 
     def runs_of(self, step: str) -> int:
@@ -113,11 +119,11 @@ _COUNTING_BACKENDS: dict[str, _CountingBackend] = {}
 
 def _counting(run_kwargs: dict[str, Any]) -> _CountingBackend:
     """Replaces the backend, mode and options of ``run_kwargs`` with the counting backend that stands for them."""
-    backend, mode, options = (run_kwargs.pop(key, None) for key in ("backend", "mode", "options"))
-    backend = backend or "inductor"
+    given = {key: run_kwargs.pop(key) for key in ("backend", "mode", "options") if key in run_kwargs}
+    backend, mode, options = given.get("backend") or "inductor", given.get("mode"), given.get("options")
     key = repr((backend if isinstance(backend, str) else id(backend), mode, options, run_kwargs.get("dynamic")))
     if key not in _COUNTING_BACKENDS:
-        _COUNTING_BACKENDS[key] = _CountingBackend(backend, mode, options, run_kwargs.get("dynamic"))
+        _COUNTING_BACKENDS[key] = _CountingBackend(backend, mode, options, run_kwargs.get("dynamic"), given)
     run_kwargs["backend"] = _COUNTING_BACKENDS[key]
     return _COUNTING_BACKENDS[key]
 
@@ -135,15 +141,15 @@ class _RecompileLimitWatch(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if "hit config." in message and "recompile_limit" in message:
+        if "hit config." in message and ("recompile_limit" in message or "cache_size_limit" in message):
             function = next((line.strip() for line in message.splitlines() if "function:" in line), "a function")
             self._hits.append(function)
             rank_zero_warn(
                 f"`use_compile`: {function} hit Dynamo's recompile limit"
-                f" ({torch._dynamo.config.recompile_limit}); from now on it runs uncompiled. Its inputs change in a"
-                " way that invalidates the compiled code each time (shapes, Python numbers, grad mode). Run with"
-                " `TORCH_LOGS=recompiles` to see why, then keep those inputs stable, pass `use_compile={'dynamic':"
-                " True}`, or raise the limit with `use_compile={'recompile_limit': N}`."
+                f" ({_LIMIT_NAME} = {getattr(torch._dynamo.config, _LIMIT_NAME)}); from now on it runs uncompiled. Its"
+                " inputs change in a way that invalidates the compiled code each time (shapes, Python numbers, grad"
+                " mode). Run with `TORCH_LOGS=recompiles` to see why, then keep those inputs stable, pass"
+                f" `use_compile={{'dynamic': True}}`, or raise `torch._dynamo.config.{_LIMIT_NAME}`."
             )
         return True
 
@@ -175,8 +181,10 @@ class _CompileReport:
         logging.getLogger(_RECOMPILE_LIMIT_LOGGER).addFilter(self._watch)
 
     def timed(self, compiled: Callable[..., Any], step: str) -> Callable[..., Any]:
-        """Wraps a compiled callable to announce the first compiled step of each kind, and how long it took, and to
-        count the steps that ran compiled code of their own (``step``: the name of the method compiled).
+        """Wraps a compiled callable to announce the first compiled step of each kind, and how long it took.
+
+        It also counts the steps that ran compiled code of their own (``step``: the name of the method compiled).
+
         """
 
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -272,6 +280,7 @@ class _RunSummary(_CompileFeature):
     def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
         trainer = connector.trainer
         assert connector.run_kwargs is not None
+        assert trainer.state.fn is not None
         backend = connector.run_kwargs.get("backend") or "inductor"
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
         counting = _counting(connector.run_kwargs)  # before any feature compiles: regions run the same backend

@@ -43,6 +43,7 @@ def test_compile_cache_unreadable_file_warns(tmp_path):
 @RunIf(dynamo=True)
 def test_compile_cache_round_trip(tmp_path, monkeypatch):
     from torch._dynamo.utils import counters
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     trainer_kwargs = {
@@ -60,7 +61,8 @@ def test_compile_cache_round_trip(tmp_path, monkeypatch):
     [folder] = (tmp_path / "cache").iterdir()
     assert (folder / "rank0.bin").exists()
     assert (folder / "inductor").is_dir()
-    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+    # as it was, or at the default that torch itself sets when it first compiles or builds an inductor backend
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (before, default_cache_dir())
 
     # a new process, as far as the compiler is concerned
     torch._dynamo.reset()
