@@ -1,7 +1,8 @@
-"""Sessions: `nox -s tests` (what CI runs, with `parity`), `demo`, `lint`, `patches`, `parity`, `bench`.
+"""Sessions: `lint`, `tests`, `tests_torch`, `real_models`, `wheel`, `parity` (what CI runs), `demo`, `patches`.
 
-torch is installed first and pinned: `torch==2.13.0` is a CPU wheel on local disk here, while a plain `torch`
-requirement would pull a multi-GB CUDA build.
+torch is installed first and pinned, and every later install is constrained to it: `torch==2.13.0` is a CPU wheel on
+local disk here, while other versions are CUDA builds (about 4 GB with their nvidia libraries, which run on CPU too),
+and `transformers`' newest release would pull a newer torch.
 """
 
 import os
@@ -19,16 +20,56 @@ LIGHTNING = ("lightning==2.6.6", "pytorch-lightning==2.6.6")
 PYTEST_WORKERS = os.environ.get("LCP_PYTEST_WORKERS", "2")
 
 
-def install(session: nox.Session, *extras: str) -> None:
-    session.install(TORCH)
-    session.install(*LIGHTNING, "-e", f".[{','.join(extras)}]" if extras else ".")
+#: The torch versions the behaviour suite also runs on, besides 2.13.0: the oldest supported, Lightning's CI torch, the
+#: newest this environment installs.
+OTHER_TORCH = ("2.6.0", "2.9.1", "2.14.1")
+
+
+def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
+    """torch first, then Lightning and the package (editable) with ``extras``, all constrained to that torch."""
+    constraints = Path(session.create_tmp()) / "constraints.txt"
+    constraints.write_text(torch + "\n")
+    session.install(torch)
+    session.install("-c", str(constraints), *LIGHTNING, "-e", f".[{','.join(extras)}]" if extras else ".")
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The behaviour suite against stock Lightning with `import lightning_compile_patch`."""
+    """The behaviour suite against stock Lightning with `import lightning_compile_patch`, on torch 2.13.0."""
     install(session, "test")
-    session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, *session.posargs, env={"LCP_TARGET": "package"})
+    pytest_args = ("-n", PYTEST_WORKERS, "--ignore=tests/real_models", *session.posargs)
+    session.run("python", "-m", "pytest", *pytest_args, env={"LCP_TARGET": "package"})
+
+
+@nox.session
+@nox.parametrize("torch", OTHER_TORCH)
+def tests_torch(session: nox.Session, torch: str) -> None:
+    """The behaviour suite on another torch: `nox -s "tests_torch(torch='2.6.0')"`, or all three with `tests_torch`."""
+    install(session, "test", torch=f"torch=={torch}")
+    pytest_args = ("-n", PYTEST_WORKERS, "--ignore=tests/real_models", *session.posargs)
+    session.run("python", "-m", "pytest", *pytest_args, env={"LCP_TARGET": "package"})
+
+
+@nox.session
+def real_models(session: nox.Session) -> None:
+    """HF transformers (Llama, BERT, ViT) and Lightning's demo Transformer through the Trainer (`tests/real_models`)."""
+    install(session, "test,real-models")
+    session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, "tests/real_models", *session.posargs)
+
+
+@nox.session
+def wheel(session: nox.Session) -> None:
+    """Builds the wheel, installs it (not the source tree) in a fresh environment, and runs one compiled fit from it."""
+    dist = Path(session.create_tmp()) / "dist"
+    session.install("build")
+    session.run("python", "-m", "build", "--wheel", "--outdir", str(dist), ".")
+    [built] = dist.glob("lightning_compile_patch-*.whl")
+    constraints = Path(session.create_tmp()) / "constraints.txt"
+    constraints.write_text(TORCH + "\n")
+    session.install(TORCH)
+    session.install("-c", str(constraints), LIGHTNING[0], str(built))
+    session.chdir(session.create_tmp())  # away from the source tree: the import must come from the wheel
+    session.run("python", str(ROOT / "tools" / "wheel_smoke.py"))
 
 
 @nox.session

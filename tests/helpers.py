@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.version import Version
 from torch import nn
 from torch._dynamo.utils import counters, get_compilation_metrics
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
+
+#: Whether the installed torch is 2.13 or newer (the version this package is developed on); older ones differ in places.
+TORCH_2_13 = Version(torch.__version__.split("+")[0]) >= Version("2.13")
+TORCH_2_7 = Version(torch.__version__.split("+")[0]) >= Version("2.7")
 
 QUIET = {
     "logger": False,

@@ -129,3 +129,21 @@ def test_on_exception_callbacks_see_the_model_as_it_was_when_it_raised():
     with pytest.raises(ValueError, match="bad batch"):
         Trainer(use_compile={"backend": "aot_eager"}, callbacks=[probe], **FIT).fit(FailsOnce())
     assert probe.compiled
+
+
+class FitsAnotherTrainer(Callback):
+    def on_train_start(self, trainer, pl_module):
+        other = Trainer(use_compile={"backend": "aot_eager"}, **FIT)
+        with pytest.raises(RuntimeError, match="another Trainer's compiled run is in progress"):
+            other.fit(BoringModel())
+        self.refused = True
+
+
+def test_compiled_runs_go_one_at_a_time_in_a_process():
+    # Dynamo's counters and settings are process-wide: a second run inside the first would miscount and misrestore
+    probe = FitsAnotherTrainer()
+    trainer = Trainer(use_compile={"backend": "aot_eager"}, callbacks=[probe], **FIT)
+    trainer.fit(BoringModel())
+    assert probe.refused
+    assert last_summary(trainer).compiled_steps == {"training": 3}
+    Trainer(use_compile={"backend": "aot_eager"}, **FIT).fit(BoringModel())  # and the next one may run

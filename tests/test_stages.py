@@ -113,7 +113,8 @@ def test_ddp_forward_is_inside_the_compiled_region():
 
 
 def test_ddp_boundary_is_the_only_break_under_the_default_optimizer():
-    trainer = Trainer(strategy="ddp", use_compile={"backend": "eager"}, max_steps=2, limit_val_batches=0, **QUIET)
+    use_compile = {"backend": "eager", "optimize_ddp": True}  # torch's default, which "auto" turns off for one process
+    trainer = Trainer(strategy="ddp", use_compile=use_compile, max_steps=2, limit_val_batches=0, **QUIET)
     trainer.fit(LoggingModel())
     breaks = dynamo_stats().graph_breaks
     assert any(DDP_BOUNDARY in reason for reason in breaks), "Dynamo never reached DDP's inner call"

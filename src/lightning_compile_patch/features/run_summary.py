@@ -115,6 +115,8 @@ class _CountingBackend:
 #: One counting backend per configuration for the process: Dynamo keys compiled code on the backend object, so that
 #: a new one each run would compile everything again.
 _COUNTING_BACKENDS: dict[str, _CountingBackend] = {}
+#: The connector of the compiled run in progress in this process, if any.
+_RUNNING: list[_CompileConnector] = []
 
 
 def _counting(run_kwargs: dict[str, Any]) -> _CountingBackend:
@@ -278,6 +280,15 @@ class _RunSummary(_CompileFeature):
         self._report: Optional[_CompileReport] = None
 
     def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+        # Dynamo's counters, its logger and its config are process-wide: two compiled runs at once would count each
+        # other's graphs and restore each other's settings
+        if _RUNNING and _RUNNING[0] is not connector:
+            raise RuntimeError(
+                "`use_compile`: another Trainer's compiled run is in progress in this process. Dynamo's counters and"
+                " settings are process-wide, so compiled runs go one at a time: wait for the other run to end, or run"
+                " this one in another process."
+            )
+        _RUNNING[:] = [connector]
         trainer = connector.trainer
         assert connector.run_kwargs is not None
         assert trainer.state.fn is not None
@@ -296,6 +307,8 @@ class _RunSummary(_CompileFeature):
         return self._report.timed(compiled, getattr(original, "__name__", "_call_impl"))
 
     def teardown(self, connector: _CompileConnector) -> None:
+        if _RUNNING and _RUNNING[0] is connector:
+            _RUNNING.clear()
         report, self._report = self._report, None
         if report is not None:
             self.last_summary = report.finish()
