@@ -54,6 +54,7 @@ def tests_torch(session: nox.Session, torch: str) -> None:
 def real_models(session: nox.Session) -> None:
     """HF transformers (Llama, BERT, ViT) and Lightning's demo Transformer through the Trainer (`tests/real_models`)."""
     install(session, "test,real-models")
+    session.install("-c", str(Path(session.create_tmp()) / "constraints.txt"), "transformers==5.24.0")  # tested
     session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, "tests/real_models", *session.posargs)
 
 
