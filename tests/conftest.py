@@ -76,18 +76,21 @@ def _process_state() -> dict:
 
 
 @pytest.fixture(autouse=True)
-def _restore_process_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+def _restore_process_state(tmp_path: Path) -> Iterator[None]:
     """Fails a test after which `use_compile` left process-wide state changed; undoes what torch itself leaves.
 
     The working directory and the process group are the test's own; torch's own leaks are reset, each with its reason.
     """
-    monkeypatch.chdir(tmp_path)
+    # no `monkeypatch` here: a test's own monkeypatching is undone before this check runs
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
     before = _process_state()
     # DDP built under optimize_ddp="python_reducer" makes torch trace DDP's own file for the rest of the process: a
     # leak of torch's, not of the package, which restores every setting it changes
     trace_rules = torch._dynamo.trace_rules
     inlined = set(trace_rules.LEGACY_MOD_INLINELIST)
     yield
+    os.chdir(cwd)
     trace_rules.LEGACY_MOD_INLINELIST.intersection_update(inlined)
     trace_rules.get_legacy_mod_inlinelist.cache_clear()
     if torch.distributed.is_available() and torch.distributed.is_initialized():

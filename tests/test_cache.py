@@ -8,11 +8,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import QUIET, feature, lightning_side
 from lightning.pytorch import Callback, Trainer
 
 TESTS = Path(__file__).parent
+pytestmark = pytest.mark.skipif(
+    not hasattr(torch.compiler, "save_cache_artifacts"), reason="the cache needs torch 2.7 or newer"
+)
 
 RUN = """
 import json, sys, time

@@ -41,6 +41,8 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
             " with `torch._dynamo.register_backend`."
         )
     mode, options = kwargs.get("mode"), kwargs.get("options")
+    if mode is not None and not isinstance(mode, str):
+        raise TypeError(f"`Trainer(use_compile={{'mode': {mode!r}}})` must be a mode name, such as 'max-autotune'.")
     if mode is None and options is None:
         return
     from torch import _inductor as inductor  # large: imported only when needed
