@@ -25,12 +25,18 @@ from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
 #: Graph breaks that are expected: torch runs DDP's inner module call outside the outer graph on purpose
 #: (`_inside_ddp_forward`), DDP's C++ reducer and logger cannot be traced (torch 2.14 traces DDP's forward and breaks
 #: at them), and each compiled region is called from the step as an opaque function.
-_EXPECTED_BREAKS = (
-    "_inside_ddp_forward",
-    "of class `Reducer`",
-    "of class `Logger`",
-    "compiled_region",
-)
+_EXPECTED_BREAKS = {
+    "_inside_ddp_forward": "DDP",
+    "of class `Reducer`": "DDP",
+    "of class `Logger`": "DDP",
+    "compiled_region": "regions",
+    "fsdp": "FSDP",  # FSDP2's hooks are compiler-disabled: the module's own forward around them runs uncompiled
+}
+_WHERE = {
+    "DDP": "in DDP's own code",
+    "regions": "at region boundaries",
+    "FSDP": "in FSDP's hooks, which leave the sharded module's own forward uncompiled",
+}
 _RECOMPILE_LIMIT_LOGGER = "torch._dynamo.convert_frame"
 #: Dynamo's recompile limit; torch before 2.7 calls it `cache_size_limit`.
 _LIMIT_NAME = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
@@ -45,6 +51,8 @@ class _CompileSummary:
     recompiles: int = 0
     graph_breaks: int = 0
     expected_breaks: int = 0
+    #: Where the expected breaks are: "DDP", "regions", "FSDP".
+    expected_in: set[str] = field(default_factory=set)
     compile_seconds: float = 0.0
     recompile_limit_hits: list[str] = field(default_factory=list)
     #: Steps that ran compiled code, and steps that ran none, by kind ("training", "evaluation").
@@ -57,7 +65,8 @@ class _CompileSummary:
         """The one summary line."""
         breaks = _count(self.graph_breaks, "graph break")
         if self.expected_breaks:
-            breaks += f" ({self.expected_breaks} expected: in DDP's own code, at region boundaries)"
+            where = ", ".join(_WHERE[key] for key in sorted(self.expected_in))
+            breaks += f" ({self.expected_breaks} expected: {where})"
         hits = f", {_count(len(self.recompile_limit_hits), 'recompile-limit hit')}" if self.recompile_limit_hits else ""
         steps = ", ".join(
             f"{kind} {self.compiled_steps.get(kind, 0)} compiled / {self.eager_steps.get(kind, 0)} eager"
@@ -256,8 +265,12 @@ class _CompileReport:
         for reason, count in counters["graph_break"].items():
             new = count - self._breaks_before.get(reason, 0)
             summary.graph_breaks += new
-            if any(marker in reason for marker in _EXPECTED_BREAKS):
+            sources = {
+                source for marker, source in _EXPECTED_BREAKS.items() if marker in reason or marker in reason.lower()
+            }
+            if sources and new:
                 summary.expected_breaks += new
+                summary.expected_in |= sources
         for metrics in get_compilation_metrics():
             if (metrics.start_time_us or 0) < self._start_us:
                 continue
