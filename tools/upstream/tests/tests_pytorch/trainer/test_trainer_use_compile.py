@@ -100,7 +100,6 @@ def test_use_compile_in_signature():
     [
         ("yes", TypeError, "pass `True`, `False`, `None` or a dict"),
         ({"backnd": "eager"}, ValueError, "unknown key 'backnd'. Did you mean 'backend'?"),
-        ({"fullgraph": "yes"}, TypeError, "must be a bool"),
     ],
 )
 def test_use_compile_rejects_bad_input_at_construction(use_compile, error, match):

@@ -23,6 +23,7 @@ from tests_pytorch.helpers.runif import RunIf
     [
         ({"backend": "indcutor"}, ValueError, "names no registered `torch.compile` backend. Did you mean 'inductor'?"),
         ({"backend": 3}, TypeError, "must be a backend name or a callable"),
+        ({"fullgraph": "yes"}, TypeError, "must be a bool"),
         ({"mode": "fast"}, ValueError, "'fast' is not a `torch.compile` mode"),
         ({"mode": "max-autotune", "options": {}}, ValueError, "both 'mode' and 'options'"),
         ({"options": {"max_autotun": True}}, ValueError, "is not an inductor setting. Did you mean 'max_autotune'?"),
