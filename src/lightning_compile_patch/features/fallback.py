@@ -29,7 +29,7 @@ from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
 _NON_LAZY_BACKWARD = hasattr(functorch_config, "force_non_lazy_backward_lowering")
 
 _CHOICES = (None, "eager")
-#: What a failed compile raises; ``FailOnRecompileLimitHit`` exists from torch 2.7 on, outside Dynamo's hierarchy.
+#: What a failed compile raises; ``FailOnRecompileLimitHit`` (torch 2.6+) is outside Dynamo's hierarchy.
 _COMPILE_ERRORS = tuple(
     error
     for error in (torch._dynamo.exc.TorchDynamoException, getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None))
