@@ -27,7 +27,8 @@ OTHER_TORCH = ("2.6.0", "2.9.1", "2.14.1")
 
 def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
     """torch first, then Lightning and the package (editable) with ``extras``, all constrained to that torch."""
-    constraints = Path(session.create_tmp()) / "constraints.txt"
+    # beside the environment, not in `session.create_tmp()`: that sets TMPDIR inside the repository for the tests
+    constraints = Path(session.virtualenv.location) / "constraints.txt"
     constraints.write_text(torch + "\n")
     session.install(torch)
     session.install("-c", str(constraints), *LIGHTNING, "-e", f".[{','.join(extras)}]" if extras else ".")
@@ -56,7 +57,7 @@ def tests_torch(session: nox.Session, torch: str) -> None:
 def real_models(session: nox.Session) -> None:
     """HF transformers (Llama, BERT, ViT) and Lightning's demo Transformer through the Trainer (`tests/real_models`)."""
     install(session, "test,real-models")
-    session.install("-c", str(Path(session.create_tmp()) / "constraints.txt"), "transformers==5.24.0")  # tested
+    session.install("-c", str(Path(session.virtualenv.location) / "constraints.txt"), "transformers==5.24.0")
     session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, "tests/real_models", *session.posargs)
 
 

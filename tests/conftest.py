@@ -115,7 +115,7 @@ def _restore_process_state(tmp_path: Path) -> Iterator[None]:
         pytest.fail(f"the test left process-wide state changed: {changed}")
 
 
-#: Variables that Lightning's launchers and seeding, and pytest, set for the process: not ours.
+#: Variables that Lightning's launchers and seeding, pytest and torch set for the process: not ours.
 _LIGHTNING_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -127,4 +127,9 @@ _LIGHTNING_ENV = (
     "TORCHELASTIC",
     "OMP_NUM_THREADS",
     "PYTEST_",
+    # torch sets these itself: inductor on first use, and its CUDA builds (on CPU too)
+    "_TORCHINDUCTOR",
+    "CUDA_MODULE_LOADING",
+    "DISABLE_CUPTI_LAZY_REINIT",
+    "TEARDOWN_CUPTI",
 )

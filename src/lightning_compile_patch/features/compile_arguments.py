@@ -26,9 +26,16 @@ class _CompileArguments(_CompileFeature):
 
 def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
     """Checks ``torch.compile`` arguments now, rather than at the first step."""
-    for key in ("fullgraph", "disable", "dynamic"):
+    for key in ("fullgraph", "disable", "dynamic", "isolate_recompiles"):
         if kwargs.get(key) is not None and not isinstance(kwargs[key], bool):
             raise TypeError(f"`Trainer(use_compile={{{key!r}: {kwargs[key]!r}}})` must be a bool.")
+    if kwargs.get("name") is not None and not isinstance(kwargs["name"], str):
+        raise TypeError(f"`Trainer(use_compile={{'name': {kwargs['name']!r}}})` must be a string.")
+    limit = kwargs.get("recompile_limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise TypeError(f"`Trainer(use_compile={{'recompile_limit': {limit!r}}})` must be a positive int.")
+    if limit is not None and limit < 1:
+        raise ValueError(f"`Trainer(use_compile={{'recompile_limit': {limit!r}}})` must be a positive int.")
     backend = kwargs.get("backend", "inductor")
     if not callable(backend) and not isinstance(backend, str):
         raise TypeError(f"`Trainer(use_compile={{'backend': {backend!r}}})` must be a backend name or a callable.")
