@@ -50,18 +50,18 @@ class ShapeShifter(BoringModel):
 
 
 @RunIf(dynamo=True)
-def test_recompile_limit_hit_warns(tmp_path, monkeypatch):
+def test_recompile_limit_hit_warns(tmp_path):
     import torch._dynamo.config as dynamo_config
 
     torch._dynamo.reset()
     limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
-    monkeypatch.setattr(dynamo_config, limit, 2)
     trainer = Trainer(
         default_root_dir=tmp_path,
         use_compile={"backend": "eager", "dynamic": False},
         **{**_TRAINER_KWARGS, "max_steps": 4},
     )
-    with pytest.warns(UserWarning, match="hit Dynamo's recompile limit"):
+    # `config.patch`, not `monkeypatch.setattr`: Dynamo's config module does not take an attribute set back that way
+    with dynamo_config.patch(**{limit: 2}), pytest.warns(UserWarning, match="hit Dynamo's recompile limit"):
         trainer.fit(ShapeShifter())
     # the filter on Dynamo's logger is gone after the run
     assert not logging.getLogger("torch._dynamo.convert_frame").filters
