@@ -31,6 +31,10 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
             raise TypeError(f"`Trainer(use_compile={{{key!r}: {kwargs[key]!r}}})` must be a bool.")
     if kwargs.get("name") is not None and not isinstance(kwargs["name"], str):
         raise TypeError(f"`Trainer(use_compile={{'name': {kwargs['name']!r}}})` must be a string.")
+    for key in ("shapes_spec", "dynamic_shapes"):  # torch 2.13 and 2.14 name it differently
+        spec = kwargs.get(key)
+        if spec is not None and not isinstance(spec, Mapping) and type(spec).__name__ != "ParamsSpec":
+            raise TypeError(f"`Trainer(use_compile={{{key!r}: {spec!r}}})` must be a dict, a `ParamsSpec` or `None`.")
     limit = kwargs.get("recompile_limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
         raise TypeError(f"`Trainer(use_compile={{'recompile_limit': {limit!r}}})` must be a positive int.")
