@@ -191,6 +191,20 @@ class StateProbe(Callback):
         self._record(trainer, "predict")
 
 
+class ReleaseProcessGroup(Callback):
+    """Closes the process group on every rank at teardown, after a barrier.
+
+    Lightning leaves gloo's process group alive when a ``ddp_spawn`` child exits. A rank that exits while its peer still
+    holds the group can abort in gloo's thread destructors ("terminate called without an active exception", exit by
+    SIGABRT), as CI saw in an eager run: a flake of the launcher, not of compiling.
+    """
+
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
+
 def _shadowed(module: nn.Module, name: str) -> bool:
     """Whether an instance attribute replaces the class's method ``name`` (a bound method of it does not count)."""
     attr = module.__dict__.get(name)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import TARGET
-from helpers import QUIET, CountingBackend, LoggingModel, read_rank_events
+from helpers import QUIET, CountingBackend, LoggingModel, ReleaseProcessGroup, read_rank_events
 from lightning.pytorch import Trainer, seed_everything
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def test_ddp_spawn_children_compile(tmp_path):
         max_epochs=1,
         limit_train_batches=3,
         limit_val_batches=1,
-        **{**QUIET, "devices": 2},
+        **{**QUIET, "devices": 2, "callbacks": [ReleaseProcessGroup()]},
     )
     trainer.fit(LoggingModel())
     events = read_rank_events(tmp_path)
@@ -43,7 +43,7 @@ def test_ddp_spawn_children_compile(tmp_path):
 def test_ddp_spawn_reapplies_a_compiled_model(tmp_path):
     backend = CountingBackend("spawn_compiled", log_dir=tmp_path)
     model = torch.compile(LoggingModel(), backend=backend)
-    trainer = Trainer(strategy="ddp_spawn", max_steps=2, limit_val_batches=0, **{**QUIET, "devices": 2})
+    trainer = Trainer(strategy="ddp_spawn", max_steps=2, limit_val_batches=0, **{**QUIET, "devices": 2, "callbacks": [ReleaseProcessGroup()]})
     trainer.fit(model)
     events = read_rank_events(tmp_path)
     assert sorted(events) == ["rank0", "rank1"]
@@ -56,7 +56,7 @@ def test_ddp_spawn_matches_eager_weights(tmp_path):
         seed_everything(3)
         model = LoggingModel()
         trainer = Trainer(
-            strategy="ddp_spawn", use_compile=use_compile, max_steps=3, limit_val_batches=0, **{**QUIET, "devices": 2}
+            strategy="ddp_spawn", use_compile=use_compile, max_steps=3, limit_val_batches=0, **{**QUIET, "devices": 2, "callbacks": [ReleaseProcessGroup()]}
         )
         trainer.fit(model)
         weights[name] = model.layer.weight.detach().clone()
