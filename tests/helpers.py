@@ -26,6 +26,9 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 #: Whether the installed torch is 2.13 or newer (the version this package is developed on); older ones differ in places.
 TORCH_2_13 = Version(torch.__version__.split("+")[0]) >= Version("2.13")
 TORCH_2_7 = Version(torch.__version__.split("+")[0]) >= Version("2.7")
+#: Whether Dynamo traces `DistributedDataParallel.forward` (its pre- and post-forward), breaking only at the inner
+#: module call. Older torch (2.6) runs DDP's forward eagerly and compiles only the module inside it.
+DDP_FORWARD_TRACED = hasattr(DistributedDataParallel, "_inside_ddp_forward")
 
 QUIET = {
     "logger": False,

@@ -21,6 +21,10 @@ from lightning.pytorch import Trainer, seed_everything
 pytestmark = pytest.mark.slow
 
 
+def two_processes():
+    return {**QUIET, "devices": 2, "callbacks": [ReleaseProcessGroup()]}
+
+
 def test_ddp_spawn_children_compile(tmp_path):
     backend = CountingBackend("spawn", log_dir=tmp_path)
     trainer = Trainer(
@@ -29,7 +33,7 @@ def test_ddp_spawn_children_compile(tmp_path):
         max_epochs=1,
         limit_train_batches=3,
         limit_val_batches=1,
-        **{**QUIET, "devices": 2, "callbacks": [ReleaseProcessGroup()]},
+        **two_processes(),
     )
     trainer.fit(LoggingModel())
     events = read_rank_events(tmp_path)
@@ -43,7 +47,7 @@ def test_ddp_spawn_children_compile(tmp_path):
 def test_ddp_spawn_reapplies_a_compiled_model(tmp_path):
     backend = CountingBackend("spawn_compiled", log_dir=tmp_path)
     model = torch.compile(LoggingModel(), backend=backend)
-    trainer = Trainer(strategy="ddp_spawn", max_steps=2, limit_val_batches=0, **{**QUIET, "devices": 2, "callbacks": [ReleaseProcessGroup()]})
+    trainer = Trainer(strategy="ddp_spawn", max_steps=2, limit_val_batches=0, **two_processes())
     trainer.fit(model)
     events = read_rank_events(tmp_path)
     assert sorted(events) == ["rank0", "rank1"]
@@ -56,7 +60,7 @@ def test_ddp_spawn_matches_eager_weights(tmp_path):
         seed_everything(3)
         model = LoggingModel()
         trainer = Trainer(
-            strategy="ddp_spawn", use_compile=use_compile, max_steps=3, limit_val_batches=0, **{**QUIET, "devices": 2, "callbacks": [ReleaseProcessGroup()]}
+            strategy="ddp_spawn", use_compile=use_compile, max_steps=3, limit_val_batches=0, **two_processes()
         )
         trainer.fit(model)
         weights[name] = model.layer.weight.detach().clone()

@@ -5,8 +5,9 @@ import warnings
 import pytest
 import torch
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.symbolic_convert import InstructionTranslator
 
-from helpers import QUIET, last_summary
+from helpers import QUIET, dynamo_stats, last_summary
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -68,6 +69,31 @@ def test_steps_that_run_eager_are_counted_and_said_once():
     ):
         trainer.fit(BoringModel())
     assert sum("ran without compiled code" in str(w.message) for w in caught) == 1
+    assert last_summary(trainer).eager_steps == {"training": 3}
+    assert last_summary(trainer).compiled_steps == {}
+
+
+def backend_failing_in(frame_name):
+    """A backend that raises for the graphs of one frame only: Dynamo then skips that frame and compiles its callees."""
+
+    def backend(gm, example_inputs):
+        if InstructionTranslator.current_tx().f_code.co_name == frame_name:
+            raise RuntimeError(f"cannot compile {frame_name}")
+        return gm.forward
+
+    return backend
+
+
+def test_a_skipped_step_counts_as_eager_though_the_functions_it_calls_run_compiled():
+    # the step's code is skipped while the model's forward, called from it, is compiled as a frame of its own: only the
+    # forward's graphs run. Counting every graph that ran during the step would call such a step compiled.
+    trainer = Trainer(use_compile={"backend": backend_failing_in("training_step")}, **FIT)
+    with (
+        torch._dynamo.config.patch(suppress_errors=True),
+        pytest.warns(UserWarning, match="ran without compiled code"),
+    ):
+        trainer.fit(BoringModel())
+    assert dynamo_stats().graphs == 1  # the forward's
     assert last_summary(trainer).eager_steps == {"training": 3}
     assert last_summary(trainer).compiled_steps == {}
 

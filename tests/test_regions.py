@@ -296,3 +296,12 @@ def test_memory_stays_flat_over_many_steps(accelerator, use_compile, read_mb, bo
     growth = after_warmup[-1] - after_warmup[0]
     # 250 steps; a leak of even one activation (8x16x32 floats = 16 KiB) per block per step would add ~16 MB
     assert growth < bound_mb, f"memory grew {growth:.2f} MB over 250 steps: {[round(s, 1) for s in memory.samples]}"
+
+
+def test_the_summary_counts_every_regional_step_as_compiled():
+    # bug: under regions the step's own frame runs no graph (the model's forward breaks at every region), and the
+    # summary counted every step eager, with a warning that the run went uncompiled
+    trainer, _ = fit(small_gpt(), "auto")
+    summary = last_summary(trainer)
+    assert summary.eager_steps == {}
+    assert summary.compiled_steps == {"training": 8, "evaluation": 4}  # 60 samples in batches of 8; 2 + 2 validation

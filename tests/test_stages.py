@@ -5,7 +5,16 @@ import torch
 from torch._dynamo.utils import get_compilation_metrics
 from torch.nn.parallel import DistributedDataParallel
 
-from helpers import DDP_BOUNDARY, DDP_BREAKS, QUIET, CountingBackend, LoggingModel, StateProbe, dynamo_stats
+from helpers import (
+    DDP_BOUNDARY,
+    DDP_BREAKS,
+    DDP_FORWARD_TRACED,
+    QUIET,
+    CountingBackend,
+    LoggingModel,
+    StateProbe,
+    dynamo_stats,
+)
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 STAGE_LIMITS = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2, "limit_predict_batches": 2}
@@ -79,11 +88,18 @@ def test_fullgraph_works_with_a_model_that_logs():
     assert dynamo_stats().graph_breaks == {}
 
 
+#: On torch 2.6 the compiled call still starts at DDP's forward, but Dynamo runs that forward eagerly.
+NEEDS_DDP_FORWARD_TRACED = pytest.mark.xfail(
+    not DDP_FORWARD_TRACED, reason="this torch does not trace DDP's forward", strict=True
+)
+
+
 class ReducerProbe(Callback):
     def on_train_batch_start(self, trainer, *args):
         self.python_reducer = trainer.strategy.model._use_python_reducer
 
 
+@NEEDS_DDP_FORWARD_TRACED
 def test_ddp_forward_is_inside_the_compiled_region():
     """Under DDP the compiled call starts at DDP's own forward, so its pre- and post-forward are traced.
 
@@ -112,6 +128,7 @@ def test_ddp_forward_is_inside_the_compiled_region():
     assert not any(DDP_BOUNDARY in reason for reason in dynamo_stats().graph_breaks)
 
 
+@NEEDS_DDP_FORWARD_TRACED
 def test_ddp_boundary_is_the_only_break_under_the_default_optimizer():
     use_compile = {"backend": "eager", "optimize_ddp": True}  # torch's default, which "auto" turns off for one process
     trainer = Trainer(strategy="ddp", use_compile=use_compile, max_steps=2, limit_val_batches=0, **QUIET)

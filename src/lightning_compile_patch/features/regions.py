@@ -18,6 +18,7 @@ opaque function, so that its own compiled graph does not trace into the blocks a
 """
 
 import inspect
+import types
 from typing import Any, Callable, Union
 
 import torch
@@ -28,6 +29,8 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
 
 _MISSING = object()
+#: Whether ``torch.compile`` can keep a call's compiled entries apart from other calls of the same code (torch 2.13+).
+_TORCH_ISOLATES_RECOMPILES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 
 
 def _parse_regions(regions: Any) -> Union[str, tuple[Union[type, str], ...]]:
@@ -148,9 +151,25 @@ def _region_compile_kwargs(compile_kwargs: dict[str, Any], shared: bool) -> dict
 
     """
     kwargs = {"dynamic": False, **compile_kwargs}
-    if shared or "isolate_recompiles" not in inspect.signature(torch.compile).parameters:
+    if shared or not _TORCH_ISOLATES_RECOMPILES:
         return kwargs
     return {**kwargs, "isolate_recompiles": True}
+
+
+def _own_code(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """Calls ``forward`` from a frame whose code object belongs to this region alone (for torch < 2.13).
+
+    Dynamo keeps compiled entries, and counts them against its recompile limit, per code object. Without
+    ``isolate_recompiles``, two embeddings around the blocks would share one budget, and so would every ``torch.nn``
+    module: ``torch.compile`` runs those from one shared wrapper frame (``wrap_inline``).
+
+    """
+
+    def region(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    code = region.__code__.replace()  # an equal but distinct code object: Dynamo's entries live on the object
+    return types.FunctionType(code, region.__globals__, region.__name__, None, region.__closure__)
 
 
 def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, Any], shared: bool) -> Callable[[], None]:
@@ -161,8 +180,10 @@ def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, An
     """
     kwargs = _region_compile_kwargs(compile_kwargs, shared)
     shadowed = {name: region.__dict__.get("forward", _MISSING) for name, region in regions.items()}
+    own_code = not shared and not _TORCH_ISOLATES_RECOMPILES
     for region in regions.values():
-        region.forward = _region_boundary(torch.compile(region.forward, **kwargs), region.forward)
+        forward = _own_code(region.forward) if own_code else region.forward
+        region.forward = _region_boundary(torch.compile(forward, **kwargs), region.forward)
 
     def undo() -> None:
         for name, region in regions.items():

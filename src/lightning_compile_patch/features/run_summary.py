@@ -11,11 +11,13 @@
 """
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+from torch._dynamo.convert_frame import output_codes
 from torch._dynamo.symbolic_convert import InstructionTranslator
 from torch._dynamo.utils import counters, get_compilation_metrics
 
@@ -90,7 +92,7 @@ class _CountingBackend:
             self.inner: Any = torch._TorchCompileInductorWrapper(mode, options, dynamic)
         else:
             self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
-        #: How often the graphs of each frame ran, by the name of the frame's code (resume functions name theirs).
+        #: How often graphs ran, by the name of the compiled frame they were traced under (see `_root_frame`).
         self.runs: dict[str, int] = {}
         self.__name__ = getattr(self.inner, "compiler_name", "backend")
         #: The ``torch.compile`` arguments this backend stands for, as given.
@@ -98,7 +100,7 @@ class _CountingBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
         compiled = self.inner(gm, example_inputs, **kwargs)
-        frame = InstructionTranslator.current_tx().f_code.co_name
+        frame = _root_frame(InstructionTranslator.current_tx().f_code)
         runs = self.runs
 
         def run(*args: Any) -> Any:
@@ -119,6 +121,23 @@ class _CountingBackend:
 
     def __deepcopy__(self, memo: dict) -> "_CountingBackend":
         return self  # one per configuration and process (Lightning deep-copies the `torch.compile` arguments)
+
+
+def _root_frame(compiling: Any) -> str:
+    """The step a graph belongs to: the name of the outermost frame on the stack that runs code Dynamo compiled.
+
+    A graph break inside a function that the step calls (the model's ``forward``, a helper, a compiled region) makes
+    that function a frame of its own, whose name is not the step's. While the step's own frame runs compiled code, those
+    graphs are the step's. Where Dynamo skipped the step (after an error in it), they are not: the step ran eager.
+
+    """
+    name = compiling.co_name
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in output_codes:
+            name = frame.f_code.co_name
+        frame = frame.f_back
+    return name
 
 
 #: One counting backend per configuration for the process: Dynamo keys compiled code on the backend object, so that
