@@ -12,7 +12,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests", "parity"]
+nox.options.sessions = ["lint", "tests", "real_models", "wheel", "parity", "tests_torch"]
 
 ROOT = Path(__file__).parent
 TORCH = "torch==2.13.0"
@@ -30,7 +30,8 @@ def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
     # beside the environment, not in `session.create_tmp()`: that sets TMPDIR inside the repository for the tests
     constraints = Path(session.virtualenv.location) / "constraints.txt"
     constraints.write_text(torch + "\n")
-    session.install(torch)
+    # a CUDA build is about 4 GB with its nvidia libraries: not kept a second time in pip's cache
+    session.install(torch, *(() if torch == TORCH else ("--no-cache-dir",)))
     session.install("-c", str(constraints), *LIGHTNING, "-e", f".[{','.join(extras)}]" if extras else ".")
 
 
