@@ -59,9 +59,10 @@ class RunSpec:
     """One configuration, measured in one fresh process."""
 
     name: str
-    #: ``"lightning"`` (``Trainer.fit``), ``"plain_loop"`` (no Lightning) or ``"allreduce"`` (gloo, 2 processes).
+    #: ``"lightning"`` (``Trainer.fit``), ``"hf_llama"`` (``Trainer.fit`` of a ``transformers`` Llama),
+    #: ``"plain_loop"`` (no Lightning) or ``"allreduce"`` (gloo, 2 processes).
     kind: str = "lightning"
-    model: dict[str, Any] = field(default_factory=dict)  # GPTConfig's keyword arguments
+    model: dict[str, Any] = field(default_factory=dict)  # GPTConfig's keyword arguments; LlamaConfig's for hf_llama
     steps: int = 30
     warmup: int = 5  # steps left out of the steady median
     accelerator: str = "cpu"
@@ -267,6 +268,47 @@ def run_lightning(spec: RunSpec, device: torch.device) -> Optional[dict[str, Any
     }
 
 
+class HFLlamaModule(lightning.pytorch.LightningModule):
+    """A ``transformers`` Llama as users train one: ``self.model(**batch).loss``, AdamW, random tokens."""
+
+    def __init__(self, config: dict[str, Any], steps: int, batch_size: int = 8, **call_kwargs: Any) -> None:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        super().__init__()
+        self.model = LlamaForCausalLM(LlamaConfig(**config))
+        self.call_kwargs = call_kwargs  # such as `use_cache=False`
+        self.tokens = torch.randint(0, config["vocab_size"], (steps * batch_size, 64), generator=torch.Generator())
+        self.batch_size = batch_size
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.model(input_ids=batch, labels=batch, **self.call_kwargs).loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.tokens, batch_size=self.batch_size)
+
+
+def run_hf_llama(spec: RunSpec, device: torch.device) -> dict[str, Any]:
+    """``Trainer.fit`` of a ``transformers`` Llama (``spec.model``: LlamaConfig's arguments, and ``use_cache``)."""
+    torch.manual_seed(0)
+    config = dict(spec.model)
+    call_kwargs = {"use_cache": config.pop("use_cache")} if "use_cache" in config else {}
+    steps = spec.steps + spec.count_python_calls
+    module = HFLlamaModule(config, steps, **call_kwargs)
+    timer = StepTimer(device, spec.steps if spec.count_python_calls else None)
+    options = dict(accelerator=spec.accelerator, devices=1, precision=spec.precision, max_steps=steps)
+    trainer = Trainer(use_compile=spec.use_compile, callbacks=[timer], **options, **QUIET)
+    trainer.fit(module)
+    summary = next((f.last_summary for f in trainer._compile_connector.features if hasattr(f, "last_summary")), None)
+    return {
+        "parameters": sum(p.numel() for p in module.parameters()),
+        "compile_summary": vars(summary) if summary is not None else None,
+        **timer.stats(spec.warmup, 8 * 64),
+    }
+
+
 def _next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The loss of ``GPTModule._loss``."""
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
@@ -347,7 +389,8 @@ def worker(spec_file: str, result_file: str) -> int:
     if device.type == "cuda":
         torch.empty(1, device=device)  # the allocator must exist before its peak can be reset
         torch.cuda.reset_peak_memory_stats(device)
-    run = {"lightning": run_lightning, "plain_loop": run_plain_loop, "allreduce": run_allreduce}[spec.kind]
+    runs = {"lightning": run_lightning, "hf_llama": run_hf_llama, "plain_loop": run_plain_loop}
+    run = {**runs, "allreduce": run_allreduce}[spec.kind]
     try:
         result = run(spec, device)
     except Exception as error:
@@ -430,7 +473,8 @@ def write_report(out_dir: Path, data: dict[str, Any], markdown: str) -> None:
 
 
 #: The reports ``docs/benchmarks.md`` embeds, in this order, when they exist (``summary.md`` is written by hand).
-INDEX_ORDER = ("summary", "cuda", "regions_gpu_probe", "cpu", "regions_depth", "optimize_ddp", "zero_cost")
+INDEX_ORDER = ("summary", "cuda", "regions_gpu_probe", "cpu", "regions_depth", "regions_hf", "optimize_ddp")
+INDEX_ORDER += ("zero_cost",)
 INDEX_MARK = "<!-- Everything below is generated from docs/benchmarks/*.md by benchmarks/harness.py. -->"
 
 

@@ -1,6 +1,7 @@
 """`use_compile={"regions": ...}`: each repeated block compiled on its own, the rest of the step around them."""
 
 import gc
+import logging
 import os
 
 import pytest
@@ -11,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from helpers import QUIET, StateProbe, demo_gpt, dynamo_stats, last_summary, leftovers, lightning_side, state_dict_keys
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 gpt = demo_gpt()
 EAGER = {"backend": "eager"}
@@ -305,3 +307,60 @@ def test_the_summary_counts_every_regional_step_as_compiled():
     summary = last_summary(trainer)
     assert summary.eager_steps == {}
     assert summary.compiled_steps == {"training": 8, "evaluation": 4}  # 60 samples in batches of 8; 2 + 2 validation
+
+
+class IndexedBlock(nn.Module):
+    """A block that reads its own index, as each HF decoder layer reads `layer_idx` to find its slot of the cache."""
+
+    def __init__(self, index):
+        super().__init__()
+        self.layer_idx = index
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x, scales):
+        return x + self.fc(x) * scales[self.layer_idx]
+
+
+class IndexedBlocks(BoringModel):
+    """More blocks than Dynamo's recompile limit (8), each with its own `layer_idx`."""
+
+    def __init__(self, depth=12):
+        super().__init__()
+        self.blocks = nn.ModuleList(IndexedBlock(i) for i in range(depth))
+        self.scales = [torch.tensor(1.0 + i / 10) for i in range(depth)]
+
+    def forward(self, x):
+        x = x[..., :8]
+        for block in self.blocks:
+            x = block(x, self.scales)
+        return x
+
+    def training_step(self, batch, batch_idx):
+        return self(batch).square().mean()
+
+
+def test_blocks_that_differ_by_a_per_layer_constant_are_each_compiled(caplog):
+    # bug: the blocks shared one compiled graph, which Dynamo specialized on `layer_idx`: each block recompiled it,
+    # and from the 9th block on Dynamo's recompile limit left the rest to run eagerly
+    seen = {}
+
+    class Probe(Callback):
+        def on_train_batch_start(self, trainer, pl_module, *args):
+            seen["regions"] = [isinstance(b.__dict__.get("forward"), type(lambda: 0)) for b in pl_module.blocks]
+
+    trainer = Trainer(
+        use_compile={"backend": "aot_eager", "regions": "auto"},
+        max_steps=3,
+        limit_val_batches=0,
+        callbacks=[Probe()],
+        **QUIET,
+    )
+    with caplog.at_level(logging.INFO):
+        trainer.fit(IndexedBlocks())
+    summary = last_summary(trainer)
+    assert seen["regions"] == [True] * 12
+    assert summary.recompile_limit_hits == []
+    assert summary.eager_steps == {}
+    assert summary.compiled_steps == {"training": 3}
+    assert dynamo_stats().max_entries_per_code <= 1  # each block compiled once, on its own
+    assert "12 blocks of `IndexedBlock`, each compiled on its own, since they differ in `layer_idx`" in caplog.text

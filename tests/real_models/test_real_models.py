@@ -33,11 +33,6 @@ from torch._dynamo.utils import counters, get_compilation_metrics
 pytestmark = [pytest.mark.real_models, pytest.mark.timeout(600)]
 
 STEPS = 3
-#: Known and open (issue 11): strict, so that the fix of regions for HF decoders turns these into failures to update.
-ISSUE_11 = (
-    "issue 11: HF decoders build a DynamicCache in training and each layer guards on its own slot, so the shared block"
-    " recompiles per layer up to Dynamo's limit and later blocks run eager (use_cache=False avoids it)"
-)
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 _PLAIN: dict[str, PlainCompile] = {}
@@ -73,11 +68,9 @@ def _owner(name: str) -> str:
 @pytest.mark.parametrize("strategy", ["auto", "ddp"], ids=["single", "ddp1"])
 @pytest.mark.parametrize("regions", [None, "auto"], ids=["whole", "regions"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_trains_compiled_like_eager(family, regions, strategy, limit_hits, request):
+def test_trains_compiled_like_eager(family, regions, strategy, limit_hits):
     if FAMILIES[family].needs_transformers and not HAS_TRANSFORMERS:
         pytest.skip("needs `transformers` (the real-model test extra)")
-    if family.startswith("llama") and regions == "auto":
-        request.applymarker(pytest.mark.xfail(reason=ISSUE_11, strict=True))
     reference = plain(family)
     eager = reference_losses(family, strategy)
 
@@ -111,14 +104,13 @@ def test_trains_compiled_like_eager(family, regions, strategy, limit_hits, reque
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="needs `transformers` (the real-model test extra)")
 @pytest.mark.parametrize("call_kwargs", [{}, {"use_cache": False}], ids=["as_called", "use_cache_false"])
-def test_deep_llama_compiles_its_block_once_with_regions(call_kwargs, limit_hits, request):
-    """Issue 11: a 32-layer HF Llama under `regions="auto"` compiles the shared block once, not once per layer.
+def test_deep_llama_compiles_every_block_with_regions(call_kwargs, limit_hits):
+    """A 32-layer HF Llama under `regions="auto"`: every block compiled, none more than once, none left eager.
 
     Called as users call it, the model builds a `DynamicCache` in training and every layer indexes it with its own
-    `layer_idx`, so each layer recompiles the block until Dynamo's recompile limit (8); `use_cache=False` builds none.
+    `layer_idx`. Sharing one compiled block, each layer recompiled it until Dynamo's recompile limit (8) left the
+    deeper layers eager (issue 11). The layers differ in `layer_idx`, so each is compiled on its own.
     """
-    if not call_kwargs:
-        request.applymarker(pytest.mark.xfail(reason=ISSUE_11, strict=True))
     layers = 32
     make_module = lambda: HFModule(lambda: llama(layers), causal_lm_sample, **call_kwargs)  # noqa: E731
     eager = eager_losses(make_module, "auto", STEPS)
@@ -135,7 +127,7 @@ def test_deep_llama_compiles_its_block_once_with_regions(call_kwargs, limit_hits
         if (m.co_name, m.co_filename, m.co_firstlineno) == (block.co_name, block.co_filename, block.co_firstlineno)
     )
     problems = {}
-    if block_compiles != 1:  # training only, one batch shape: one entry serves every block
+    if block_compiles != layers:  # training only, one batch shape: one compile per block, no recompiles
         problems["compiles of the block's forward"] = block_compiles
     for step, uncompiled in enumerate(probe.uncompiled_params):
         if uncompiled:

@@ -7,7 +7,7 @@ compiling ``N`` copies inside one big graph, so the cold start stops growing wit
       model.forward ── plain Python: its loop over the blocks cannot be compiled around them
         embeddings ─── a region of its own
         block 0 ──┐
-        block 1 ──┼─── regions sharing one compiled graph
+        block 1 ──┼─── regions sharing one compiled graph (or one each, if they differ in a per-layer constant)
         block N ──┘
         norm, head ─── regions of their own
 
@@ -26,6 +26,7 @@ from torch import nn
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
 
 _MISSING = object()
@@ -127,6 +128,10 @@ def _rest_of_model(module: nn.Module, blocks: dict[str, nn.Module]) -> dict[str,
     return rest
 
 
+def _class_names(modules: dict[str, nn.Module]) -> str:
+    return "`, `".join(dict.fromkeys(type(m).__name__ for m in modules.values()))
+
+
 def _within(name: str, ancestor: str) -> bool:
     """Whether the module called ``name`` is ``ancestor`` or inside it."""
     return name == ancestor or name.startswith(f"{ancestor}.")
@@ -140,14 +145,29 @@ def _owner(module: nn.Module, block: str) -> str:
     return name
 
 
+def _per_layer_constants(blocks: dict[str, nn.Module]) -> list[str]:
+    """The plain attributes (numbers, strings) whose values differ from block to block, such as HF's ``layer_idx``.
+
+    Dynamo specializes compiled code on such values. Blocks that differ in one cannot share a compiled graph: each
+    would recompile it, until Dynamo's recompile limit leaves the deeper blocks to run eagerly.
+
+    """
+    values: dict[str, set[str]] = {}
+    for block in blocks.values():
+        for prefix, module in block.named_modules():
+            for key, value in vars(module).items():
+                if not key.startswith("_") and isinstance(value, (bool, int, float, str)):
+                    values.setdefault(f"{prefix}.{key}" if prefix else key, set()).add(repr(value))
+    return sorted(name for name, seen in values.items() if len(seen) > 1)
+
+
 def _region_compile_kwargs(compile_kwargs: dict[str, Any], shared: bool) -> dict[str, Any]:
     """The ``torch.compile`` arguments for a region: the run's, with static shapes unless ``dynamic`` was given.
 
     Static shapes are the default for regions, as in torchtitan: a new input shape (the last, partial batch) compiles
     a block once more, and that entry serves every block, since they share their code; nothing recompiles per block.
-    Regions that do not share one graph (``shared=False``: the rest of the model, whose modules of ``torch.nn`` all
-    run through the same wrapper code in Dynamo) keep their compiled entries apart, so that they do not add up to
-    Dynamo's recompile limit together.
+    Regions that do not share one graph (``shared=False``: the rest of the model, or blocks that differ in a per-layer
+    constant) keep their compiled entries apart, so that they do not add up to Dynamo's recompile limit together.
 
     """
     kwargs = {"dynamic": False, **compile_kwargs}
@@ -175,7 +195,8 @@ def _own_code(forward: Callable[..., Any]) -> Callable[..., Any]:
 def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, Any], shared: bool) -> Callable[[], None]:
     """Compiles each region in place, as a call the surrounding compiled step does not trace into; returns the undo.
 
-    ``shared``: the regions are repeated blocks, which share one compiled graph.
+    ``shared``: the regions are identical blocks, which share one compiled graph. Otherwise each region keeps its
+    compiled entries apart; identical graphs among them still reuse inductor's compiled code through its caches.
 
     """
     kwargs = _region_compile_kwargs(compile_kwargs, shared)
@@ -225,6 +246,13 @@ class _Regions(_CompileFeature):
             return
         module = connector.trainer.lightning_module
         blocks = _find_regions(module, self.regions)
-        connector.undo.append(_compile_regions(blocks, connector.run_kwargs, shared=True))
+        constants = _per_layer_constants(blocks)
+        connector.undo.append(_compile_regions(blocks, connector.run_kwargs, shared=not constants))
+        how = (
+            f"each compiled on its own, since they differ in {', '.join(f'`{c}`' for c in constants[:3])}"
+            if constants
+            else "sharing one compiled graph"
+        )
+        rank_zero_info(f"`use_compile`: regions: {len(blocks)} blocks of `{_class_names(blocks)}`, {how}.")
         connector.undo.append(_compile_regions(_rest_of_model(module, blocks), connector.run_kwargs, shared=False))
         connector.run_kwargs["fullgraph"] = False  # the step calls each region as an opaque function
