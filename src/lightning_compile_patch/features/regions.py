@@ -19,12 +19,13 @@ opaque function, so that its own compiled graph does not trace into the blocks a
 
 import inspect
 import types
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
 
 import lightning.pytorch as pl
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
@@ -216,6 +217,59 @@ def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, An
     return undo
 
 
+#: Whether ``torch.compiler.nested_compile_region`` computes correct gradients with inductor, by torch version.
+#: Measured with ``docs/repros/nested_compile_region_gradients.py``, and held on every torch CI runs by
+#: ``tests/test_regions.py::test_the_nested_region_table_is_right_about_this_torch``. Versions not listed were not
+#: measured, and use opaque regions, as do versions without the API (before 2.9).
+_NESTED_REGIONS_CORRECT = {"2.9": True, "2.13": False, "2.14": False}
+
+
+def _nested_regions_correct() -> bool:
+    """Whether this torch has ``nested_compile_region`` and computes correct gradients with it."""
+    minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    return hasattr(torch.compiler, "nested_compile_region") and _NESTED_REGIONS_CORRECT.get(minor, False)
+
+
+#: The backends that compile nested regions: they trace with fake tensors (``backend="eager"`` cannot run them).
+_NESTED_REGION_BACKENDS = ("inductor", "aot_eager")
+
+
+def _nested_regions_apply(strategy: "pl.strategies.Strategy", backend: Any) -> bool:
+    """Whether regions are nested in the step's graph: where torch gets them right, on one device (measured there).
+
+    Under DDP and FSDP the blocks stay opaque regions: DDP's graph splitting and FSDP's per-module hooks were not
+    measured with nested regions.
+
+    """
+    single = isinstance(strategy, SingleDeviceStrategy)
+    return single and backend in _NESTED_REGION_BACKENDS and _nested_regions_correct()
+
+
+def _nest_regions(blocks: dict[str, nn.Module]) -> Callable[[], None]:
+    """Makes each block's ``forward`` a nested compile region, one per class, bound to each block; returns the undo.
+
+    The step is then compiled whole: Dynamo traces a block's forward once and calls that subgraph for every block of
+    its class, so the step stays one graph with each block compiled once.
+
+    """
+    nested: dict[type, Callable[..., Any]] = {}
+    shadowed = {name: block.__dict__.get("forward", _MISSING) for name, block in blocks.items()}
+    for block in blocks.values():
+        cls = type(block)
+        if cls not in nested:
+            nested[cls] = torch.compiler.nested_compile_region(cls.forward)
+        block.forward = types.MethodType(nested[cls], block)
+
+    def undo() -> None:
+        for name, block in blocks.items():
+            if shadowed[name] is _MISSING:
+                block.__dict__.pop("forward", None)
+            else:
+                block.forward = shadowed[name]
+
+    return undo
+
+
 def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
     """Runs a block's compiled code; when the step around it is traced, the call stays opaque (its own region)."""
 
@@ -236,10 +290,14 @@ class _Regions(_CompileFeature):
     def __init__(self, options: dict[str, Any]) -> None:
         super().__init__(options)
         self.regions = _parse_regions(options["regions"]) if options.get("regions") is not None else None
+        #: How the run in progress compiles the blocks, for its summary line.
+        self.summary_note: Optional[str] = None
+        self._backend: Any = None
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
         if self.regions is not None and not is_overridden("configure_model", model):
             _find_regions(model, self.regions)  # fail now, before the data is prepared
+        self._backend = (connector.run_kwargs or {}).get("backend") or "inductor"  # as given, before any wrapping
 
     def setup(self, connector: _CompileConnector) -> None:
         if self.regions is None or connector.run_kwargs is None:
@@ -247,12 +305,17 @@ class _Regions(_CompileFeature):
         module = connector.trainer.lightning_module
         blocks = _find_regions(module, self.regions)
         constants = _per_layer_constants(blocks)
-        connector.undo.append(_compile_regions(blocks, connector.run_kwargs, shared=not constants))
-        how = (
-            f"each compiled on its own, since they differ in {', '.join(f'`{c}`' for c in constants[:3])}"
-            if constants
-            else "sharing one compiled graph"
-        )
-        rank_zero_info(f"`use_compile`: regions: {len(blocks)} blocks of `{_class_names(blocks)}`, {how}.")
-        connector.undo.append(_compile_regions(_rest_of_model(module, blocks), connector.run_kwargs, shared=False))
-        connector.run_kwargs["fullgraph"] = False  # the step calls each region as an opaque function
+        if not constants and _nested_regions_apply(connector.trainer.strategy, self._backend):
+            connector.undo.append(_nest_regions(blocks))
+            how = "nested in the step's one graph"
+        else:
+            connector.undo.append(_compile_regions(blocks, connector.run_kwargs, shared=not constants))
+            connector.undo.append(_compile_regions(_rest_of_model(module, blocks), connector.run_kwargs, shared=False))
+            connector.run_kwargs["fullgraph"] = False  # the step calls each region as an opaque function
+            how = "compiled one by one" if constants else "sharing one compiled graph"
+        self.summary_note = f"regions: {len(blocks)} blocks {how}"
+        why = f", since they differ in {', '.join(f'`{c}`' for c in constants[:3])}" if constants else ""
+        rank_zero_info(f"`use_compile`: regions: {len(blocks)} blocks of `{_class_names(blocks)}`, {how}{why}.")
+
+    def teardown(self, connector: _CompileConnector) -> None:
+        self.summary_note = None

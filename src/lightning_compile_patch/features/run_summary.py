@@ -62,6 +62,8 @@ class _CompileSummary:
     eager_steps: dict[str, int] = field(default_factory=dict)
     #: Whether the run went on uncompiled after a compile error (``fallback="eager"``).
     fell_back: bool = False
+    #: What other features say of the run (a feature's ``summary_note``), such as how regions were compiled.
+    notes: list[str] = field(default_factory=list)
 
     def line(self, backend: str, strategy: str) -> str:
         """The one summary line."""
@@ -78,7 +80,7 @@ class _CompileSummary:
             f"`use_compile` ({self.stage}, {strategy}, {backend}): {_count(self.graphs, 'graph')},"
             f" {_count(self.recompiles, 'recompile')}, {breaks}{hits}, steps: {steps or 'none'}"
             f"{' (then uncompiled: fallback)' if self.fell_back else ''},"
-            f" {self.compile_seconds:.1f} s compiling."
+            f"{''.join(f' {note},' for note in self.notes)} {self.compile_seconds:.1f} s compiling."
         )
 
 
@@ -193,6 +195,7 @@ class _CompileReport:
         self._warned_eager = False
         #: Whether the run went on uncompiled on purpose (``fallback="eager"``): no warning of our own then.
         self.fell_back: Callable[[], bool] = lambda: False
+        self.notes: Callable[[], list[str]] = list
         self._strategy = strategy
         self._backend = backend
         self._start_us = 0
@@ -276,6 +279,7 @@ class _CompileReport:
         """Stops watching, fills in the summary and logs it."""
         logging.getLogger(_RECOMPILE_LIMIT_LOGGER).removeFilter(self._watch)
         self.summary.fell_back = self.fell_back()
+        self.summary.notes = self.notes()
         for training, started in self._first_step.items():
             if started is not None:
                 self._announce_done(training)
@@ -329,6 +333,7 @@ class _RunSummary(_CompileFeature):
         counting = _counting(connector.run_kwargs)  # before any feature compiles: regions run the same backend
         self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend, counting)
         self._report.fell_back = lambda: any(getattr(f, "fell_back", False) for f in connector.features)
+        self._report.notes = lambda: [note for f in connector.features if (note := getattr(f, "summary_note", None))]
 
     def setup(self, connector: _CompileConnector) -> None:
         assert self._report is not None

@@ -102,3 +102,51 @@ def test_find_regions_outermost_wins():
     assert sorted(_find_regions(model, "auto")) == ["stack.0", "stack.1"]
     assert sorted(_find_regions(model, (Outer, Block))) == ["stack.0", "stack.1"]
     assert len(_find_regions(model, (Block,))) == 4
+
+
+class IndexedBlock(Block):
+    def __init__(self, index):
+        super().__init__()
+        self.layer_idx = index  # read in forward, as Hugging Face decoder layers read theirs
+
+    def forward(self, x, scales):
+        return super().forward(x) * scales[self.layer_idx]
+
+
+class IndexedBlocksModel(BlocksModel):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(IndexedBlock(i) for i in range(10))  # more than Dynamo's recompile limit
+        self.scales = [torch.tensor(1.0 + i / 10) for i in range(10)]
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x, self.scales)
+        return self.layer(x)
+
+
+@RunIf(dynamo=True)
+def test_use_compile_regions_that_differ_in_a_per_layer_constant(tmp_path):
+    from torch._dynamo.utils import get_compilation_metrics
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.clear_compilation_metrics()
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        use_compile={"backend": "eager", "regions": "auto"},
+        max_steps=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(IndexedBlocksModel())
+    # each block compiled once, on its own: sharing one graph, each block would recompile it up to the recompile limit
+    line = IndexedBlock.forward.__code__.co_firstlineno
+    compiles = [m for m in get_compilation_metrics() if m.co_firstlineno == line]
+    assert len(compiles) == 10
+    assert all(not m.cache_size for m in compiles)
