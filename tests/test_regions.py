@@ -375,17 +375,18 @@ class ResidualBlock(nn.Module):
         return x + self.fc(x)
 
 
-def nested_region_gradients(nested):
-    """The gradient of each of two residual blocks after one backward of a step compiled with inductor.
+def nested_region_gradients(mode):
+    """The gradient norm of each of two residual blocks after one backward of the step.
 
-    ``nested``: the blocks' ``forward`` is a ``torch.compiler.nested_compile_region``.
+    ``mode``: ``"eager"``; ``"compiled"`` with inductor; ``"nested"``, the same with the blocks' ``forward`` a
+    ``torch.compiler.nested_compile_region`` bound to each block, as ``regions`` binds it.
     (docs/repros/nested_compile_region_gradients.py, in a test.)
     """
     torch._dynamo.reset()
     torch.manual_seed(0)
     embedding, blocks = nn.Embedding(10, 16), nn.ModuleList(ResidualBlock() for _ in range(2))
     head = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32, bias=False))
-    if nested:
+    if mode == "nested":
         region = torch.compiler.nested_compile_region(ResidualBlock.forward)
         for block in blocks:
             block.forward = region.__get__(block)
@@ -396,7 +397,7 @@ def nested_region_gradients(nested):
             x = block(x)
         return head(x).square().mean()
 
-    torch.compile(step, backend="inductor")(torch.arange(8)).backward()
+    (step if mode == "eager" else torch.compile(step, backend="inductor"))(torch.arange(8)).backward()
     # a block that got no gradient at all (2.13 with regions bound per block) counts as a gradient of norm 0
     return torch.stack([torch.zeros(()) if b.fc.weight.grad is None else b.fc.weight.grad.norm() for b in blocks])
 
@@ -416,9 +417,10 @@ def test_the_nested_region_table_is_right_about_this_torch(tmp_path, monkeypatch
     if minor not in regions._NESTED_REGIONS_CORRECT:
         pytest.skip(f"torch {minor} is not in the table: regions stay opaque there")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    compiled, nested = nested_region_gradients(nested=False), nested_region_gradients(nested=True)
-    correct = torch.allclose(nested, compiled, rtol=1e-4)
-    assert correct == regions._NESTED_REGIONS_CORRECT[minor], (minor, compiled.tolist(), nested.tolist())
+    eager, compiled, nested = (nested_region_gradients(mode) for mode in ("eager", "compiled", "nested"))
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-6)
+    correct = torch.allclose(nested, eager, rtol=1e-4, atol=1e-6)
+    assert correct == regions._NESTED_REGIONS_CORRECT[minor], (minor, eager.tolist(), nested.tolist())
 
 
 NESTED = lightning_side("regions")._nested_regions_correct()
