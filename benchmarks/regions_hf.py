@@ -56,8 +56,8 @@ def markdown(data: dict[str, Any]) -> str:
         [
             report_header(f"Regions on a {data['layers']}-layer transformers Llama", data),
             f"`LlamaForCausalLM` ({', '.join(f'{k} {v}' for k, v in MODEL.items())}, {data['layers']} layers), fp32,"
-            f" batches of 8 x 64 tokens, one CPU device, inductor, {data['steps']} steps, steady step = median after"
-            f" the first {data['warmup']}. Whole: `use_compile=True`; regional:"
+            f" batches of 8 x 64 tokens, one {data['accelerator']} device, inductor, {data['steps']} steps, steady"
+            f" step = median after the first {data['warmup']}. Whole: `use_compile=True`; regional:"
             ' `use_compile={"regions": "auto"}`.'
             " Each run in a fresh process with an empty inductor cache. The ratios compare with the whole-model run"
             " called the same way.",
@@ -71,15 +71,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--accelerator", default="cpu", help="cpu, or cuda on a GPU machine")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
-    data = new_report("regions_hf", argv, model=MODEL, layers=args.layers, results={})
+    data = new_report("regions_hf", argv, model=MODEL, layers=args.layers, accelerator=args.accelerator, results={})
     data.update(steps=args.steps, warmup=args.warmup)
     with tempfile.TemporaryDirectory(prefix="lcp-regions-hf-") as tmp:
         for index, (name, (call, use_compile)) in enumerate(PATHS.items()):
             model = {**MODEL, "num_hidden_layers": args.layers, **call}
             spec = RunSpec(name, kind="hf_llama", model=model, steps=args.steps, warmup=args.warmup)
-            spec.use_compile = use_compile
+            spec.use_compile, spec.accelerator = use_compile, args.accelerator
             print(f"{name}: {args.steps} steps in a fresh process", flush=True)
             result = data["results"][name] = run_fresh(spec, Path(tmp) / str(index))
             print(f"    {result.get('first_step_s') or result.get('error', '')[:300]}", flush=True)

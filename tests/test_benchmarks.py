@@ -161,6 +161,14 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_tables_from_known_numbers(
     assert cells[2:9] == ["0.64M", "30.0 s", "15.0 s", "0.50x", "40.0 ms", "46.0 ms", "1.15x"]
     assert cells[9] == "1 / 7"
 
+    regions_hf = benchmark_script("regions_hf")
+    summary = {"graphs": 37, "recompiles": 2, "recompile_limit_hits": [], "compiled_steps": {"training": 8}}
+    hf = regions_hf.new_report("regions_hf", [], layers=32, steps=8, warmup=3, accelerator="cpu", results={})
+    hf["results"]["whole"] = {**ok, "first_step_s": 60.0, "steady_step_ms": 50.0, "compile_summary": summary}
+    hf["results"]["regional"] = {**ok, "first_step_s": 20.0, "steady_step_ms": 55.0, "compile_summary": summary}
+    row = next(line for line in regions_hf.markdown(hf).splitlines() if line.startswith("| regional |"))
+    assert row == "| regional | 20.0 s | 0.33x | 55.0 ms | 1.10x | 37 | 2 | 0 | 8 / 0 |"
+
     zero_cost = benchmark_script("zero_cost")
     samples = {"patched": [{"construct_ms": 2.0, "fit_ms": 5.0}] * 3, "removed": [{"construct_ms": 4.0, "fit_ms": 5.0}]}
     samples["removed"] = samples["removed"] * 3
