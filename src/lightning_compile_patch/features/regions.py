@@ -149,8 +149,8 @@ def _owner(module: nn.Module, block: str) -> str:
 def _per_layer_constants(blocks: dict[str, nn.Module]) -> list[str]:
     """The plain attributes (numbers, strings) whose values differ from block to block, such as HF's ``layer_idx``.
 
-    Dynamo specializes compiled code on such values. Blocks that differ in one cannot share a compiled graph: each
-    would recompile it, until Dynamo's recompile limit leaves the deeper blocks to run eagerly.
+    Dynamo specializes compiled code on such values. Blocks that differ in one cannot share a compiled graph: each would
+    recompile it, until Dynamo's recompile limit leaves the deeper blocks to run eagerly.
 
     """
     values: dict[str, set[str]] = {}

@@ -14,6 +14,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Callable, Optional
 
 import torch
@@ -134,7 +135,7 @@ def _root_frame(compiling: Any) -> str:
 
     """
     name = compiling.co_name
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         if frame.f_code in output_codes:
             name = frame.f_code.co_name
