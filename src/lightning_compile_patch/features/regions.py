@@ -201,18 +201,27 @@ def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, An
 
     """
     kwargs = _region_compile_kwargs(compile_kwargs, shared)
-    shadowed = {name: region.__dict__.get("forward", _MISSING) for name, region in regions.items()}
     own_code = not shared and not _TORCH_ISOLATES_RECOMPILES
-    for region in regions.values():
+
+    def compiled(region: nn.Module) -> Callable[..., Any]:
         forward = _own_code(region.forward) if own_code else region.forward
-        region.forward = _region_boundary(torch.compile(forward, **kwargs), region.forward)
+        return _region_boundary(torch.compile(forward, **kwargs), region.forward)
+
+    return _replace_forwards(regions, compiled)
+
+
+def _replace_forwards(modules: dict[str, nn.Module], make: Callable[[nn.Module], Callable]) -> Callable[[], None]:
+    """Gives each module the instance ``forward`` that ``make`` returns for it; returns the undo."""
+    shadowed = {name: module.__dict__.get("forward", _MISSING) for name, module in modules.items()}
+    for module in modules.values():
+        module.forward = make(module)
 
     def undo() -> None:
-        for name, region in regions.items():
+        for name, module in modules.items():
             if shadowed[name] is _MISSING:
-                region.__dict__.pop("forward", None)
+                module.__dict__.pop("forward", None)
             else:
-                region.forward = shadowed[name]
+                module.forward = shadowed[name]
 
     return undo
 
@@ -253,21 +262,13 @@ def _nest_regions(blocks: dict[str, nn.Module]) -> Callable[[], None]:
 
     """
     nested: dict[type, Callable[..., Any]] = {}
-    shadowed = {name: block.__dict__.get("forward", _MISSING) for name, block in blocks.items()}
-    for block in blocks.values():
-        cls = type(block)
-        if cls not in nested:
-            nested[cls] = torch.compiler.nested_compile_region(cls.forward)
-        block.forward = types.MethodType(nested[cls], block)
 
-    def undo() -> None:
-        for name, block in blocks.items():
-            if shadowed[name] is _MISSING:
-                block.__dict__.pop("forward", None)
-            else:
-                block.forward = shadowed[name]
+    def nest(block: nn.Module) -> Callable[..., Any]:
+        if type(block) not in nested:
+            nested[type(block)] = torch.compiler.nested_compile_region(type(block).forward)
+        return types.MethodType(nested[type(block)], block)
 
-    return undo
+    return _replace_forwards(blocks, nest)
 
 
 def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
