@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +206,8 @@ class ReleaseProcessGroup(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.barrier()
+            # gloo's monitored barrier fails after a minute where a plain one would wait 30 for a rank that died
+            torch.distributed.monitored_barrier(timeout=timedelta(seconds=60))
             torch.distributed.destroy_process_group()
 
 

@@ -426,34 +426,37 @@ def test_the_nested_region_table_is_right_about_this_torch(tmp_path, monkeypatch
 NESTED = lightning_side("regions")._nested_regions_correct()
 
 
+NESTED_OK = {"backend": "aot_eager", "fullgraph": True, "regions": "auto"}
+
+
 @pytest.mark.skipif(not NESTED, reason="this torch's nested_compile_region is not known to be correct")
 def test_regions_nest_in_the_steps_one_graph_where_torch_gets_them_right(caplog):
-    model = small_gpt(n_layer=4)
+    eager = losses(None)
     seed_everything(0)
+    model = small_gpt(n_layer=4)
     with caplog.at_level(logging.INFO):
-        trainer = Trainer(
-            use_compile={"backend": "aot_eager", "regions": "auto"}, max_steps=4, limit_val_batches=0, **QUIET
-        )
+        trainer = Trainer(use_compile=NESTED_OK, max_steps=4, limit_val_batches=2, **QUIET)
         trainer.fit(model)
     summary = last_summary(trainer)
     assert summary.graph_breaks == 0
     assert summary.notes == ["regions: 4 blocks nested in the step's one graph"]
-    assert summary.compiled_steps == {"training": 4}
+    assert summary.compiled_steps == {"training": 4, "evaluation": 2}  # the sanity check's 2 batches
     assert leftovers(model) == []
     assert "nested in the step's one graph" in caplog.text
+    torch.testing.assert_close(losses(NESTED_OK), eager, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.skipif(not NESTED, reason="this torch's nested_compile_region is not known to be correct")
-@pytest.mark.parametrize("use_compile", [{"backend": "eager"}, {"backend": "aot_eager", "regions": "auto"}])
-def test_where_regions_cannot_nest_they_stay_opaque(use_compile):
-    """`backend="eager"` cannot run nested regions, and DDP was not measured with them: opaque regions there."""
-    strategy = "ddp" if "regions" in use_compile else "auto"
-    trainer = Trainer(
-        strategy=strategy,
-        use_compile={"regions": "auto", **use_compile},
-        max_steps=2,
-        limit_val_batches=0,
-        **QUIET,
-    )
+@pytest.mark.parametrize(
+    ("strategy", "use_compile"),
+    [
+        ("auto", {**NESTED_OK, "fullgraph": False}),  # a graph break in a nested block would be a hard error
+        ("auto", {**NESTED_OK, "backend": "eager"}),  # cannot run nested regions
+        ("ddp", NESTED_OK),  # not measured
+    ],
+    ids=["without_fullgraph", "eager_backend", "ddp"],
+)
+def test_where_regions_cannot_nest_they_stay_opaque(strategy, use_compile):
+    trainer = Trainer(strategy=strategy, use_compile=use_compile, max_steps=2, limit_val_batches=0, **QUIET)
     trainer.fit(small_gpt(n_layer=4))
     assert last_summary(trainer).notes == ["regions: 4 blocks sharing one compiled graph"]

@@ -11,12 +11,17 @@ compiling ``N`` copies inside one big graph, so the cold start stops growing wit
         block N ──┘
         norm, head ─── regions of their own
 
+That is the opaque-region design, used on every torch. Where torch's ``nested_compile_region`` is known to be right
+(see ``_NESTED_REGIONS_CORRECT``) and the run asks for one graph (``fullgraph=True``), the blocks are nested regions
+inside the step's single graph instead.
+
 Each region is compiled in place, through its ``forward``: the module keeps its type and state-dict keys, and hooks
 registered on it (``fully_shard`` for instance) still run around the compiled code. The step calls each region as an
 opaque function, so that its own compiled graph does not trace into the blocks again.
 
 """
 
+import enum
 import inspect
 import types
 from typing import Any, Callable, Optional, Union
@@ -146,18 +151,24 @@ def _owner(module: nn.Module, block: str) -> str:
     return name
 
 
+#: The attribute values Dynamo specializes compiled code on: numbers, strings, ``None``, tuples and enums.
+_CONSTANTS = (bool, int, float, str, type(None), tuple, enum.Enum)
+
+
 def _per_layer_constants(blocks: dict[str, nn.Module]) -> list[str]:
-    """The plain attributes (numbers, strings) whose values differ from block to block, such as HF's ``layer_idx``.
+    """The plain attributes whose values differ from block to block, such as HF's ``layer_idx``.
 
     Dynamo specializes compiled code on such values. Blocks that differ in one cannot share a compiled graph: each would
-    recompile it, until Dynamo's recompile limit leaves the deeper blocks to run eagerly.
+    recompile it, until Dynamo's recompile limit leaves the deeper blocks to run eagerly. Whether ``forward`` reads the
+    attribute is not checked (it may read it in a helper), so an unread one costs a compile per block, never an eager
+    block. ``training`` is left out: Lightning's loops set it for the whole model.
 
     """
     values: dict[str, set[str]] = {}
     for block in blocks.values():
         for prefix, module in block.named_modules():
             for key, value in vars(module).items():
-                if not key.startswith("_") and isinstance(value, (bool, int, float, str)):
+                if key != "training" and isinstance(value, _CONSTANTS):
                     values.setdefault(f"{prefix}.{key}" if prefix else key, set()).add(repr(value))
     return sorted(name for name, seen in values.items() if len(seen) > 1)
 
@@ -243,22 +254,31 @@ def _nested_regions_correct() -> bool:
 _NESTED_REGION_BACKENDS = ("inductor", "aot_eager")
 
 
-def _nested_regions_apply(strategy: "pl.strategies.Strategy", backend: Any) -> bool:
-    """Whether regions are nested in the step's graph: where torch gets them right, on one device (measured there).
+def _nested_regions_apply(trainer: "pl.Trainer", given: dict[str, Any], blocks: dict[str, nn.Module]) -> bool:
+    """Whether the blocks are nested in the step's one graph instead of opaque regions: only as measured.
 
-    Under DDP and FSDP the blocks stay opaque regions: DDP's graph splitting and FSDP's per-module hooks were not
-    measured with nested regions.
+    That is where torch gets nested regions right, with ``fullgraph=True`` (a graph break inside a nested region is a
+    hard error, where an opaque region would split its graph), on one device in full precision with the default mode
+    of ``inductor`` or ``aot_eager``, and for blocks without a ``forward`` of their own instance (a hook's wrapper).
+    DDP's graph splitting, FSDP's per-module hooks, autocast and other modes were not measured with nested regions.
 
     """
-    single = isinstance(strategy, SingleDeviceStrategy)
-    return single and backend in _NESTED_REGION_BACKENDS and _nested_regions_correct()
+    return (
+        _nested_regions_correct()
+        and given.get("fullgraph") is True
+        and (given.get("backend") or "inductor") in _NESTED_REGION_BACKENDS
+        and given.get("mode") is None
+        and isinstance(trainer.strategy, SingleDeviceStrategy)
+        and str(trainer.precision) in ("32-true", "32")
+        and not any("forward" in block.__dict__ for block in blocks.values())
+    )
 
 
 def _nest_regions(blocks: dict[str, nn.Module]) -> Callable[[], None]:
     """Makes each block's ``forward`` a nested compile region, one per class, bound to each block; returns the undo.
 
-    The step is then compiled whole: Dynamo traces a block's forward once and calls that subgraph for every block of
-    its class, so the step stays one graph with each block compiled once.
+    The step is then compiled whole, as one graph: Dynamo traces each block's call and keeps one subgraph for the calls
+    that trace to the same graph, which AOTAutograd and inductor then compile once.
 
     """
     nested: dict[type, Callable[..., Any]] = {}
@@ -293,12 +313,12 @@ class _Regions(_CompileFeature):
         self.regions = _parse_regions(options["regions"]) if options.get("regions") is not None else None
         #: How the run in progress compiles the blocks, for its summary line.
         self.summary_note: Optional[str] = None
-        self._backend: Any = None
+        self._given: dict[str, Any] = {}
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
         if self.regions is not None and not is_overridden("configure_model", model):
             _find_regions(model, self.regions)  # fail now, before the data is prepared
-        self._backend = (connector.run_kwargs or {}).get("backend") or "inductor"  # as given, before any wrapping
+        self._given = dict(connector.run_kwargs or {})  # the arguments as given, before a feature wraps the backend
 
     def setup(self, connector: _CompileConnector) -> None:
         if self.regions is None or connector.run_kwargs is None:
@@ -306,7 +326,7 @@ class _Regions(_CompileFeature):
         module = connector.trainer.lightning_module
         blocks = _find_regions(module, self.regions)
         constants = _per_layer_constants(blocks)
-        if not constants and _nested_regions_apply(connector.trainer.strategy, self._backend):
+        if not constants and _nested_regions_apply(connector.trainer, self._given, blocks):
             connector.undo.append(_nest_regions(blocks))
             how = "nested in the step's one graph"
         else:

@@ -18,7 +18,7 @@ from types import FrameType
 from typing import Any, Callable, Optional
 
 import torch
-from torch._dynamo.convert_frame import output_codes
+from torch._dynamo import convert_frame
 from torch._dynamo.symbolic_convert import InstructionTranslator
 from torch._dynamo.utils import counters, get_compilation_metrics
 
@@ -126,6 +126,11 @@ class _CountingBackend:
         return self  # one per configuration and process (Lightning deep-copies the `torch.compile` arguments)
 
 
+#: The code objects Dynamo made of the frames it compiled (a private set of torch 2.6 to 2.14; without it, each graph
+#: belongs to its own frame).
+_OUTPUT_CODES: Any = getattr(convert_frame, "output_codes", ())
+
+
 def _root_frame(compiling: Any) -> str:
     """The step a graph belongs to: the name of the outermost frame on the stack that runs code Dynamo compiled.
 
@@ -137,7 +142,7 @@ def _root_frame(compiling: Any) -> str:
     name = compiling.co_name
     frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
-        if frame.f_code in output_codes:
+        if frame.f_code in _OUTPUT_CODES:
             name = frame.f_code.co_name
         frame = frame.f_back
     return name
