@@ -64,7 +64,9 @@ def markdown(data: dict[str, Any]) -> str:
             report_header("Regional against whole-model compilation, by depth", data),
             f"The demo GPT ({', '.join(f'{k} {v}' for k, v in MODEL.items())}), fp32, one device, inductor,"
             f" {data['steps']} steps, steady step = median after the first {data['warmup']}, {data['threads']} torch"
-            ' thread(s). Whole: `use_compile=True`; regional: `use_compile={"regions": "auto"}`. Each run in a fresh'
+            ' thread(s). Whole: `use_compile=True`; regional: `use_compile={"regions": "auto"}`'
+            + (', both with `"fullgraph": True`' if data.get("fullgraph") else "")
+            + ". Each run in a fresh"
             " process with a new inductor cache, so the first step is a cold compile of the model: `empty`, or"
             " `toolchain warmed` by an unrelated compile first, which leaves out the one-time cost of a first compile"
             " on this machine. Goals: first step regional / whole at most 0.5 at 12 blocks, steady at most 1.05."
@@ -87,15 +89,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--stem", default="regions_depth", help="the name of the result files (another torch's run)")
+    parser.add_argument(
+        "--fullgraph", action="store_true", help="both paths with fullgraph=True (regions nest where torch allows)"
+    )
     args = parser.parse_args(argv)
     depths = [int(d) for d in args.depths.split(",")]
     toolchains = list(TOOLCHAINS) if args.toolchain == "both" else [args.toolchain]
     data = new_report(args.stem, argv, model=MODEL, depths=depths, toolchains=toolchains, results={})
-    data.update(steps=args.steps, warmup=args.warmup, threads=args.threads or None)
+    data.update(steps=args.steps, warmup=args.warmup, threads=args.threads or None, fullgraph=args.fullgraph)
     with tempfile.TemporaryDirectory(prefix="lcp-regions-") as tmp:
         for depth, toolchain, (path, use_compile) in itertools.product(depths, toolchains, PATHS.items()):
             key = f"{path}-{depth}" + ("-warm" if TOOLCHAINS[toolchain] else "")
             spec = RunSpec(key, model={**MODEL, "n_layer": depth}, steps=args.steps, warmup=args.warmup)
+            if args.fullgraph:
+                use_compile = {"fullgraph": True, **({} if use_compile is True else use_compile)}
             spec.use_compile, spec.threads, spec.count_python_calls = use_compile, args.threads or None, 2
             print(f"{key}: {args.steps} steps in a fresh process, inductor cache {toolchain}", flush=True)
             result = data["results"][key] = run_fresh(spec, Path(tmp) / key, warm_toolchain=TOOLCHAINS[toolchain])
