@@ -3,9 +3,16 @@
 torch is installed first and pinned, and every later install is constrained to it: `torch==2.13.0` is a CPU wheel on
 local disk here, while other versions are CUDA builds (about 4 GB with their nvidia libraries, which run on CPU too),
 and `transformers`' newest release would pull a newer torch.
+
+CI's disk is small and not ours: every session deletes its environment when it ends (set ``LCP_KEEP_ENVS=1`` to keep
+them and reuse them next time), and a CUDA torch is installed one requirement at a time, so that pip never holds all of
+its downloads beside the installed copy. The largest session then needs about 7 GB at its peak.
 """
 
+import functools
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -18,6 +25,7 @@ ROOT = Path(__file__).parent
 TORCH = "torch==2.13.0"
 LIGHTNING = ("lightning==2.6.6", "pytorch-lightning==2.6.6")
 PYTEST_WORKERS = os.environ.get("LCP_PYTEST_WORKERS", "2")
+KEEP_ENVS = os.environ.get("LCP_KEEP_ENVS") == "1"
 
 
 #: The torch versions the behaviour suite also runs on, besides 2.13.0: the oldest supported, Lightning's CI torch, the
@@ -25,17 +33,48 @@ PYTEST_WORKERS = os.environ.get("LCP_PYTEST_WORKERS", "2")
 OTHER_TORCH = ("2.6.0", "2.9.1", "2.14.1")
 
 
+def discards_env(run: Callable[..., None]) -> Callable[..., None]:
+    """Deletes the session's environment when it ends, pass or fail, unless ``LCP_KEEP_ENVS=1``."""
+
+    @functools.wraps(run)
+    def session_then_discard(session: nox.Session, **params: str) -> None:
+        try:
+            run(session, **params)
+        finally:
+            if not KEEP_ENVS:
+                shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+
+    return session_then_discard
+
+
+def install_torch(session: nox.Session, torch: str, constraints: Path) -> None:
+    """``torch`` itself, then, for a CUDA build, each of its requirements in its own pip call.
+
+    A CUDA build is about 4 GB with its nvidia libraries. Installed in one call, pip downloads all of them (about 3 GB)
+    before it installs any; one at a time, the download folder holds one package. `--no-cache-dir`: not kept a second
+    time in pip's cache.
+    """
+    if torch == TORCH:  # the CPU wheel on local disk
+        session.install(torch)
+        return
+    session.install("--no-cache-dir", "--no-deps", torch)
+    listed = "import importlib.metadata as m; print(*m.requires('torch'), sep='\\n')"
+    requirements = session.run("python", "-c", listed, silent=True).splitlines()
+    for requirement in (r for r in requirements if "extra ==" not in r):
+        session.install("--no-cache-dir", "-c", str(constraints), requirement)
+
+
 def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
     """torch first, then Lightning and the package (editable) with ``extras``, all constrained to that torch."""
     # beside the environment, not in `session.create_tmp()`: that sets TMPDIR inside the repository for the tests
     constraints = Path(session.virtualenv.location) / "constraints.txt"
     constraints.write_text(torch + "\n")
-    # a CUDA build is about 4 GB with its nvidia libraries: not kept a second time in pip's cache
-    session.install(torch, *(() if torch == TORCH else ("--no-cache-dir",)))
+    install_torch(session, torch, constraints)
     session.install("-c", str(constraints), *LIGHTNING, "-e", f".[{','.join(extras)}]" if extras else ".")
 
 
 @nox.session
+@discards_env
 def tests(session: nox.Session) -> None:
     """The behaviour suite against stock Lightning with `import lightning_compile_patch`, on torch 2.13.0."""
     install(session, "test")
@@ -45,6 +84,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 @nox.parametrize("torch", OTHER_TORCH)
+@discards_env
 def tests_torch(session: nox.Session, torch: str) -> None:
     """The behaviour suite on another torch: `nox -s "tests_torch(torch='2.6.0')"`, or all three with `tests_torch`."""
     install(session, "test", torch=f"torch=={torch}")
@@ -55,6 +95,7 @@ def tests_torch(session: nox.Session, torch: str) -> None:
 
 
 @nox.session
+@discards_env
 def real_models(session: nox.Session) -> None:
     """HF transformers (Llama, BERT, ViT) and Lightning's demo Transformer through the Trainer (`tests/real_models`)."""
     install(session, "test,real-models")
@@ -63,6 +104,7 @@ def real_models(session: nox.Session) -> None:
 
 
 @nox.session
+@discards_env
 def wheel(session: nox.Session) -> None:
     """Builds the wheel, installs it (not the source tree) in a fresh environment, and runs one compiled fit from it."""
     dist = Path(session.create_tmp()) / "dist"
@@ -78,6 +120,7 @@ def wheel(session: nox.Session) -> None:
 
 
 @nox.session
+@discards_env
 def demo(session: nox.Session) -> None:
     """The main job on CPU: a small GPT trained eagerly, then compiled after the wrap, side by side."""
     install(session)
@@ -85,6 +128,7 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session
+@discards_env
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
@@ -104,6 +148,7 @@ def patches(session: nox.Session) -> None:
 
 
 @nox.session
+@discards_env
 def parity(session: nox.Session) -> None:
     """The behaviour suite against Lightning 2.6.6 built with patches/ applied, and without this package.
 
