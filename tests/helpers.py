@@ -300,3 +300,51 @@ def feature(trainer: Trainer, name: str) -> Any:
 def last_summary(trainer: Trainer) -> Any:
     """What the compiler did in the Trainer's last run that compiled anything (the run summary feature's record)."""
     return feature(trainer, "run_summary").last_summary
+
+
+class BackwardGraphs:
+    """A backend for compiled autograd: runs each backward graph eagerly, and records whether it all-reduces.
+
+    It writes one line per graph to the file of the process's rank, so that a test can read what spawned processes
+    compiled.
+    """
+
+    def __init__(self, log_dir: Any) -> None:
+        self.log_dir = str(log_dir)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        targets = [str(node.target) for node in gm.graph.nodes if node.op == "call_function"]
+        rank = os.environ.get("LOCAL_RANK", "0")
+        with open(Path(self.log_dir, f"backward{rank}.jsonl"), "a") as f:
+            f.write(json.dumps({"all_reduce": any("all_reduce" in target for target in targets)}) + "\n")
+        return gm.forward
+
+
+class RankReport(Callback):
+    """Writes what a run left in each rank, at teardown (after ``use_compile`` undid its changes), to ``rank{N}.json``.
+
+    Put it before :class:`ReleaseProcessGroup` in the callbacks: callbacks tear down in order.
+    """
+
+    def __init__(self, log_dir: Any) -> None:
+        self.log_dir = str(log_dir)
+
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        import torch._inductor.config
+        from torch._dynamo import compiled_autograd, trace_rules
+
+        report = {
+            "captures": counters["compiled_autograd"]["captures"],
+            "hooks": sum(len(p._post_accumulate_grad_hooks or {}) for p in pl_module.parameters()),
+            "compiled_autograd_on": bool(compiled_autograd.compiled_autograd_enabled),
+            "optimize_ddp": repr(torch._dynamo.config.optimize_ddp),
+            "fuse_ddp_communication": torch._inductor.config._fuse_ddp_communication,
+            "ddp_inlined": "torch.nn.parallel.distributed" in trace_rules.LEGACY_MOD_INLINELIST,
+            "state": {name: t.detach().double().flatten().tolist() for name, t in pl_module.state_dict().items()},
+        }
+        Path(self.log_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+def read_rank_reports(log_dir: Path) -> dict[int, dict[str, Any]]:
+    """What :class:`RankReport` wrote, by rank."""
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(Path(log_dir).glob("rank*.json"))}

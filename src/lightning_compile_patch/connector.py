@@ -41,6 +41,9 @@ class _CompileFeature:
     def __init__(self, options: dict[str, Any]) -> None:
         self.options = options
 
+    def verify(self, connector: "_CompileConnector") -> None:
+        """At the end of ``Trainer.__init__``: checks of the value against the Trainer's strategy."""
+
     def on_run_start(self, connector: "_CompileConnector", model: "pl.LightningModule") -> None:
         """Before the strategy's setup: checks that can fail before the data is prepared."""
 
@@ -86,6 +89,8 @@ class _CompileConnector:
         """Rejects a strategy that cannot run compiled, while the Trainer is being constructed."""
         if self.enabled:
             _verify_strategy_supports_compile(None, self.trainer.strategy)
+        for feature in self.features:
+            feature.verify(self)
 
     def unwrap(self, model: Any) -> Any:
         """Takes a model out of its ``torch.compile`` wrapper, to compile it after the strategy wraps it instead."""

@@ -1,0 +1,178 @@
+"""Compiled autograd: the backward pass is traced when it runs and compiled, with DDP's all-reduces inside its graph.
+
+``use_compile={"compiled_autograd": True}`` compiles the backward with the same ``torch.compile`` arguments as the step;
+a dict gives the backward arguments of its own. Compiled autograd is entered for the run, in each process (so it works
+under ``ddp_spawn`` and the subprocess launcher, with nothing set in the parent), and left when the run ends, on every
+path. Every backward pass in the run goes through it, a callback's included.
+
+Under DDP, compiled autograd needs DDP's python reducer, which DDP chooses once, when it is built. In each rank:
+
+=====================  ===============================================  ===============================================
+when                   what                                             why
+=====================  ===============================================  ===============================================
+before DDP is built    ``torch._dynamo.config.optimize_ddp =            the C++ reducer cannot be traced: compiled
+                       "python_reducer"``                               autograd refuses it
+after the wrap         check that DDP uses the python reducer           a DDP argument can keep the C++ one
+each step (eager)      broadcast the buffers as DDP does                the python reducer skips DDP's ``_pre_forward``
+the run ends           remove the reducer's gradient hooks, restore     or a later ``backward()`` still all-reduces,
+                       what DDP set for the process                     and Dynamo keeps tracing DDP's file
+=====================  ===============================================  ===============================================
+
+"""
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+import torch
+import torch._dynamo.config as dynamo_config
+from torch._dynamo import compiled_autograd, trace_rules
+from torch._dynamo.utils import counters
+
+import lightning.pytorch as pl
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _torch_compile_keys
+
+_KEY = "compiled_autograd"
+_DDP_FILE = "torch.nn.parallel.distributed"
+#: What building a DDP under the python reducer sets for the whole process.
+_INDUCTOR_SETTINGS = ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
+
+
+def _switch() -> Optional[Callable[..., Any]]:
+    """The installed torch's context manager that turns compiled autograd on (private on every torch 2.6 to 2.14)."""
+    return getattr(compiled_autograd, "enable", None) or getattr(compiled_autograd, "_enable", None)
+
+
+class _CompiledAutograd(_CompileFeature):
+    """Compiles the backward with compiled autograd, and under DDP all-reduces inside it (DDP's python reducer)."""
+
+    keys = {
+        _KEY: "True, or a dict of `torch.compile` arguments for the backward: compile the backward (compiled autograd)"
+    }
+    order = 45  # after `optimize_ddp` (40), whose value it replaces under DDP, and restores first
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self.value = options.get(_KEY)
+        self.enabled = self.value is not None and self.value is not False
+        self._stack = contextlib.ExitStack()
+        self._captures = 0
+        if not self.enabled:
+            return
+        if self.value is not True and not isinstance(self.value, Mapping):
+            raise TypeError(
+                f"`Trainer(use_compile={{'{_KEY}': {self.value!r}}})` must be `True` (the backward is compiled with the"
+                f" step's `torch.compile` arguments) or a dict of `torch.compile` arguments, such as"
+                f" `{{'{_KEY}': {{'backend': 'aot_eager'}}}}`."
+            )
+        unknown = [key for key in (self.value if self.value is not True else {}) if key not in _torch_compile_keys()]
+        if unknown:
+            raise ValueError(
+                f"`Trainer(use_compile={{'{_KEY}': {{{unknown[0]!r}: ...}}}})` is not a `torch.compile` argument."
+                f" Valid keys: {_torch_compile_keys()}."
+            )
+        if options.get("optimize_ddp", "auto") not in ("auto", "python_reducer"):
+            raise ValueError(
+                f"`Trainer(use_compile={{'{_KEY}': ..., 'optimize_ddp': {options['optimize_ddp']!r}}})` conflict:"
+                " under DDP, compiled autograd needs DDP's python reducer. Remove 'optimize_ddp', or set it to"
+                " 'python_reducer'."
+            )
+        if _switch() is None:
+            raise RuntimeError(
+                f"`Trainer(use_compile={{'{_KEY}': ...}})` needs `torch._dynamo.compiled_autograd._enable`, which torch"
+                f" {torch.__version__} does not have. Install a torch from 2.6 to 2.14, or remove '{_KEY}'."
+            )
+
+    def verify(self, connector: _CompileConnector) -> None:
+        if not self.enabled:
+            return
+        strategy = connector.trainer.strategy
+        if not isinstance(strategy, (DDPStrategy, SingleDeviceStrategy)):
+            raise ValueError(
+                f"`Trainer(use_compile={{'{_KEY}': ...}})` supports one device and DDP, not"
+                f" {type(strategy).__name__}. Remove '{_KEY}', or use `strategy='ddp'`."
+            )
+        if isinstance(strategy, DDPStrategy) and strategy._ddp_kwargs.get("bucket_cap_mb_list"):
+            raise ValueError(
+                f"`Trainer(use_compile={{'{_KEY}': ...}})` runs DDP with its python reducer, which does not support"
+                " `bucket_cap_mb_list`. Remove `bucket_cap_mb_list` from the DDPStrategy, or remove"
+                f" '{_KEY}'."
+            )
+
+    def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
+        if not self.enabled:
+            return
+        self._captures = counters["compiled_autograd"]["captures"]
+        if isinstance(connector.trainer.strategy, DDPStrategy):
+            self._use_python_reducer()
+
+    def _use_python_reducer(self) -> None:
+        """Sets the python reducer for the DDP built next; the stack puts back what this and DDP set for the process."""
+        previous = dynamo_config.optimize_ddp
+        self._stack.callback(setattr, dynamo_config, "optimize_ddp", previous)
+        inductor_config = torch._inductor.config
+        for name in _INDUCTOR_SETTINGS:
+            self._stack.callback(setattr, inductor_config, name, getattr(inductor_config, name))
+        if _DDP_FILE not in trace_rules.LEGACY_MOD_INLINELIST:
+            self._stack.callback(_stop_inlining_ddp)
+        dynamo_config.optimize_ddp = "python_reducer"
+
+    def setup(self, connector: _CompileConnector) -> None:
+        if not self.enabled:
+            return
+        wrapper = connector.trainer.strategy.model
+        if isinstance(connector.trainer.strategy, DDPStrategy):
+            if not getattr(wrapper, "_use_python_reducer", False):
+                raise RuntimeError(
+                    f"`Trainer(use_compile={{'{_KEY}': ...}})` set DDP's python reducer before DDP was built, but DDP"
+                    " uses its C++ reducer, which compiled autograd cannot trace. Remove the DDP arguments the python"
+                    " reducer does not support."
+                )
+            self._stack.callback(_remove_reducer_hooks, wrapper)
+        backward_kwargs = connector.run_kwargs if self.value is True else self.value
+        switch = _switch()
+        assert switch is not None
+        self._stack.enter_context(switch(torch.compile(**(backward_kwargs or {}))))
+
+    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable) -> Callable:
+        wrapper = connector.trainer.strategy.model
+        if not self.enabled or not getattr(wrapper, "_use_python_reducer", False):
+            return compiled
+
+        def synced(*args: Any, **kwargs: Any) -> Any:
+            # what DDP's `_pre_forward`/`_post_forward` do with buffers, and skip under the python reducer
+            if wrapper._check_sync_bufs_pre_fwd():
+                wrapper._sync_buffers()
+            output = compiled(*args, **kwargs)
+            if wrapper._check_sync_bufs_post_fwd():
+                wrapper._sync_buffers()
+            wrapper.require_forward_param_sync = torch.is_grad_enabled() and wrapper.require_backward_grad_sync
+            return output
+
+        return synced
+
+    @property
+    def summary_note(self) -> Optional[str]:
+        """How many backward graphs compiled autograd compiled in this run, for the run's summary line."""
+        if not self.enabled:
+            return None
+        captures = counters["compiled_autograd"]["captures"] - self._captures
+        return f"compiled autograd: {captures} backward graph{'s' if captures != 1 else ''} compiled"
+
+    def teardown(self, connector: _CompileConnector) -> None:
+        self._stack.close()
+
+
+def _remove_reducer_hooks(wrapper: torch.nn.Module) -> None:
+    """The python reducer's gradient hooks stay on the parameters after the run: a later ``backward()`` would
+    all-reduce.
+    """
+    for handle in getattr(wrapper, "_accum_grad_hooks", ()):
+        handle.remove()
+    wrapper._accum_grad_hooks = []
+
+
+def _stop_inlining_ddp() -> None:
+    trace_rules.LEGACY_MOD_INLINELIST.discard(_DDP_FILE)
+    trace_rules.get_legacy_mod_inlinelist.cache_clear()
