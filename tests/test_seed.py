@@ -21,15 +21,7 @@ pytestmark = [
 
 @pytest.mark.parametrize("model", ["compiled", "plain"])
 def test_seed_script_trains_two_epochs(model, tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(SEED), "--model", model],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **_env()},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_seed(model, tmp_path)
     finished = re.search(r"seed run finished: model=(\w+) steps=(\d+) mse_after_training=([\d.]+)", result.stdout)
     assert finished, result.stdout[-2000:]
     assert finished.group(1) == model
@@ -39,6 +31,33 @@ def test_seed_script_trains_two_epochs(model, tmp_path):
     graphs = int(re.search(r"graphs=(\d+)", result.stdout).group(1))
     assert graphs > 0
     assert "graph_breaks=0" in result.stdout  # python_reducer: DDP's forward is one graph with the model
+
+
+def test_seed_setup_in_one_option_trains_two_epochs_in_two_spawned_processes(tmp_path):
+    """`use_compile={"compiled_autograd": True}` under `ddp_spawn`: python reducer, compiled autograd, in each rank."""
+    result = run_seed("option", tmp_path)
+    finished = re.search(r"seed run finished: model=option steps=\S+ mse_after_training=([\d.]+)", result.stdout)
+    assert finished, result.stdout[-2000:]
+    assert float(finished.group(1)) < 5.0  # half the steps of one process (2 ranks); the weights came back trained
+    output = result.stdout + result.stderr
+    # each rank's summary: every training step compiled, the backward too
+    summary = re.search(r"steps: training (\d+) compiled / 0 eager, compiled autograd: (\d+) backward graph", output)
+    assert summary, output[-3000:]
+    assert int(summary.group(1)) == 32  # 2 epochs of 500 samples per rank in batches of 32
+    assert int(summary.group(2)) > 0
+
+
+def run_seed(model: str, tmp_path) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, str(SEED), "--model", model],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **_env()},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def _env():
