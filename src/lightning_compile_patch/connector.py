@@ -58,13 +58,6 @@ class _CompileFeature:
         """Undoes what ``setup`` did."""
 
 
-def _features() -> list[type[_CompileFeature]]:
-    """The feature of each module in ``compile_features``, by ``order``."""
-    for module in pkgutil.iter_modules(compile_features.__path__):
-        importlib.import_module(f"{compile_features.__name__}.{module.name}")
-    return sorted(_CompileFeature.__subclasses__(), key=lambda feature: feature.order)
-
-
 class _CompileConnector:
     """Owns ``Trainer(use_compile=...)``: whether the model is compiled after the wrap, and with which arguments.
 
@@ -76,7 +69,9 @@ class _CompileConnector:
         self.trainer = trainer
         self.use_compile = use_compile
         self.enabled = use_compile is not None and use_compile is not False  # compile every model after the wrap
-        features = _features()
+        for module in pkgutil.iter_modules(compile_features.__path__):  # each defines one `_CompileFeature`
+            importlib.import_module(f"{compile_features.__name__}.{module.name}")
+        features = sorted(_CompileFeature.__subclasses__(), key=lambda feature: feature.order)
         options = _parse_use_compile(use_compile, {key: d for f in features for key, d in f.keys.items()})
         self.compile_kwargs = {key: value for key, value in options.items() if key in _torch_compile_keys()}
         self.features = [feature(options) for feature in features]

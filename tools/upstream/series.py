@@ -101,6 +101,7 @@ _MASTER_ADDED = (
     "- Added `log_key_prefix` parameter",
     "- Added support for remote storage (fsspec URLs) when saving and loading distributed checkpoints with `FSDP",
     "- Added support for remote storage (fsspec URLs) when saving and loading distributed checkpoints with `Model",
+    "- Added `Trainer(use_compile=...)`, which compiles the model after the strategy has wrapped it",  # from 0001
 )
 
 
@@ -438,7 +439,39 @@ run, unless the user set it, and restored on every path).""",
     4,
 )
 
-SERIES: tuple[Patch, ...] = (CORE, COMPILE_ARGUMENTS, LOG_DEFERRAL, RUN_SUMMARY, FALLBACK, OPTIMIZE_DDP, REGIONS, CACHE)
+COMPILED_AUTOGRAD = _feature(
+    "compiled_autograd",
+    "Add compiled autograd to `Trainer(use_compile=...)`, with DDP's python reducer",
+    """\
+Compiled autograd traces the backward pass when it runs and compiles it, and under DDP's python
+reducer the gradient all-reduces become part of that graph. Set up by hand (as in #20242), it works
+in one process only: a context manager in the parent never reaches `ddp_spawn`'s processes, and DDP
+chooses its reducer once, when it is built.
+
+`use_compile={"compiled_autograd": True | dict}` enters compiled autograd for the run in each
+process, with the step's `torch.compile` arguments or its own, and leaves it on every path. Under
+DDP it sets `optimize_ddp="python_reducer"` before the strategy builds DDP and checks that DDP uses
+it, broadcasts the buffers before each forward as DDP does (the python reducer skips that), and when
+the run ends removes the reducer's gradient hooks and restores the settings DDP changed for the
+process. A conflicting `optimize_ddp`, `bucket_cap_mb_list` and strategies other than DDP and a
+single device are refused when the Trainer is built.""",
+    "Avoid recompilation",
+    '- Added `Trainer(use_compile={"compiled_autograd": ...})` to compile the backward pass too, with DDP\'s'
+    f" all-reduces inside it {ISSUE}",
+    6,
+)
+
+SERIES: tuple[Patch, ...] = (
+    CORE,
+    COMPILE_ARGUMENTS,
+    LOG_DEFERRAL,
+    RUN_SUMMARY,
+    FALLBACK,
+    OPTIMIZE_DDP,
+    REGIONS,
+    CACHE,
+    COMPILED_AUTOGRAD,
+)
 
 
 def series(base: str) -> tuple[Patch, ...]:

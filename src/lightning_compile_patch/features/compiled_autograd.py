@@ -28,10 +28,15 @@ import torch
 import torch._dynamo.config as dynamo_config
 from torch._dynamo import compiled_autograd, trace_rules
 from torch._dynamo.utils import counters
+from torch.nn.parallel import DistributedDataParallel
 
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _torch_compile_keys
+from lightning_compile_patch.connector import (
+    _CompileConnector,
+    _CompileFeature,
+    _torch_compile_keys,
+)
 
 _KEY = "compiled_autograd"
 _DDP_FILE = "torch.nn.parallel.distributed"
@@ -108,7 +113,7 @@ class _CompiledAutograd(_CompileFeature):
             self._use_python_reducer()
 
     def _use_python_reducer(self) -> None:
-        """Sets the python reducer for the DDP built next; the stack puts back what this and DDP set for the process."""
+        """Sets the python reducer for the DDP built next; the stack restores what this and DDP set for the process."""
         previous = dynamo_config.optimize_ddp
         self._stack.callback(setattr, dynamo_config, "optimize_ddp", previous)
         inductor_config = torch._inductor.config
@@ -123,7 +128,7 @@ class _CompiledAutograd(_CompileFeature):
             return
         wrapper = connector.trainer.strategy.model
         if isinstance(connector.trainer.strategy, DDPStrategy):
-            if not getattr(wrapper, "_use_python_reducer", False):
+            if not isinstance(wrapper, DistributedDataParallel) or not wrapper._use_python_reducer:
                 raise RuntimeError(
                     f"`Trainer(use_compile={{'{_KEY}': ...}})` set DDP's python reducer before DDP was built, but DDP"
                     " uses its C++ reducer, which compiled autograd cannot trace. Remove the DDP arguments the python"
@@ -137,7 +142,7 @@ class _CompiledAutograd(_CompileFeature):
 
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable) -> Callable:
         wrapper = connector.trainer.strategy.model
-        if not self.enabled or not getattr(wrapper, "_use_python_reducer", False):
+        if not self.enabled or not isinstance(wrapper, DistributedDataParallel) or not wrapper._use_python_reducer:
             return compiled
 
         def synced(*args: Any, **kwargs: Any) -> Any:
@@ -164,13 +169,15 @@ class _CompiledAutograd(_CompileFeature):
         self._stack.close()
 
 
-def _remove_reducer_hooks(wrapper: torch.nn.Module) -> None:
-    """The python reducer's gradient hooks stay on the parameters after the run: a later ``backward()`` would
-    all-reduce.
+def _remove_reducer_hooks(wrapper: DistributedDataParallel) -> None:
+    """Removes the python reducer's gradient hooks, which DDP leaves on the parameters.
+
+    Otherwise a later ``backward()`` would still all-reduce.
+
     """
-    for handle in getattr(wrapper, "_accum_grad_hooks", ()):
+    for handle in wrapper._accum_grad_hooks:
         handle.remove()
-    wrapper._accum_grad_hooks = []
+    wrapper._accum_grad_hooks.clear()
 
 
 def _stop_inlining_ddp() -> None:
