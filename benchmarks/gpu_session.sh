@@ -13,6 +13,7 @@
 #  4. The regional memory-leak test, reading CUDA allocated memory.
 #  5. regions_hf.py: a 32-layer transformers Llama, whole against regional (its blocks compiled one by one), if the
 #     machine has transformers.
+#  6. compiled_autograd.py on one GPU: use_compile=True with and without compiled_autograd.
 set -u
 OUT=${1:-/tmp/gpu-session}
 mkdir -p "$OUT"
@@ -28,22 +29,24 @@ part() {  # part NAME SECONDS COMMAND...: runs COMMAND with a time limit, its ou
 
 python -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
 NOTE="Run by benchmarks/gpu_session.sh on the device machine's own software."
-part bench_ddp 140 python benchmarks/bench.py --mode cuda --strategies ddp --paths stock,whole --steps 25 \
+part bench_ddp 125 python benchmarks/bench.py --mode cuda --strategies ddp --paths stock,whole --steps 25 \
     --out "$OUT/bench_ddp" --note "$NOTE"
 part bench_regional 120 python benchmarks/bench.py --mode cuda --strategies auto --paths whole,regional --steps 25 \
     --out "$OUT/bench_regional" --note "$NOTE"
-part probe 100 python docs/repros/regions_gpu_probe.py --steps 12 --profile "$OUT/profile" \
+part probe 90 python docs/repros/regions_gpu_probe.py --steps 12 --profile "$OUT/profile" \
     --variants "whole,regions+rest+step,whole/reduce-overhead,regions+rest+step/reduce-overhead"
-part seed_compiled 35 python examples/seed_ddp_compiled_autograd.py --model compiled --accelerator cuda
-part seed_plain 35 python examples/seed_ddp_compiled_autograd.py --model plain --accelerator cuda
+part seed_compiled 30 python examples/seed_ddp_compiled_autograd.py --model compiled --accelerator cuda
+part seed_plain 30 python examples/seed_ddp_compiled_autograd.py --model plain --accelerator cuda
 if python -c "import pytest" 2>/dev/null; then
-    part leak_test 45 python -m pytest -q -p no:cacheprovider -o addopts="" tests/test_regions.py -k cuda_allocated
+    part leak_test 40 python -m pytest -q -p no:cacheprovider -o addopts="" tests/test_regions.py -k cuda_allocated
 else
     echo "leak_test: skipped, no pytest on this machine" | tee -a "$OUT/parts.txt"
 fi
 if python -c "import transformers" 2>/dev/null; then
-    part regions_hf 100 python benchmarks/regions_hf.py --layers 32 --steps 10 --accelerator cuda --out "$OUT/regions_hf"
+    part regions_hf 90 python benchmarks/regions_hf.py --layers 32 --steps 10 --accelerator cuda --out "$OUT/regions_hf"
 else
     echo "regions_hf: skipped, no transformers on this machine" | tee -a "$OUT/parts.txt"
 fi
+part compiled_autograd 55 python benchmarks/compiled_autograd.py --accelerator cuda --world-sizes 1 --strategy auto \
+    --steps 20 --repeats 1 --out "$OUT/compiled_autograd"
 cat "$OUT/parts.txt"

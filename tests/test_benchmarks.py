@@ -169,6 +169,13 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_tables_from_known_numbers(
     row = next(line for line in regions_hf.markdown(hf).splitlines() if line.startswith("| regional |"))
     assert row == "| regional | 20.0 s | 0.33x | 55.0 ms | 1.10x | 37 | 2 | 0 | 8 / 0 |"
 
+    compiled_autograd = benchmark_script("compiled_autograd")
+    notes = {"notes": ["compiled autograd: 2 backward graphs compiled"]}
+    results = {"whole@2": {**ok, "steady_step_ms": 40.0}, "compiled_autograd@2": {**ok, "steady_step_ms": 30.0}}
+    results["compiled_autograd@2"].update(graphs=3, compile_summary=notes, final_loss=4.25)
+    row = compiled_autograd._row(results, 2, "compiled_autograd")
+    assert row == [2, "`compiled_autograd`", "30.0 ms", "0.750x", "1.0 s", 3, notes["notes"][0], "4.2500"]
+
     zero_cost = benchmark_script("zero_cost")
     samples = {"patched": [{"construct_ms": 2.0, "fit_ms": 5.0}] * 3, "removed": [{"construct_ms": 4.0, "fit_ms": 5.0}]}
     samples["removed"] = samples["removed"] * 3

@@ -199,6 +199,17 @@ def test_in_process_equals_eager_and_restores_the_process(tmp_path, strategy):
     assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
 
 
+def test_every_stage_runs_under_ddp():
+    """DDP wraps the model to fit only: validate, test and predict run with the LightningModule itself."""
+    trainer = Trainer(strategy="ddp", use_compile={"backend": "eager", "compiled_autograd": True}, max_steps=2, **QUIET)
+    model = BoringModel()
+    trainer.fit(model)
+    trainer.validate(model)
+    trainer.test(model)
+    trainer.predict(model)
+    assert torch._dynamo.config.optimize_ddp is True
+
+
 class FailingModel(BoringModel):
     def training_step(self, batch, batch_idx):
         if batch_idx == 2:

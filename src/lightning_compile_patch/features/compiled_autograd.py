@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning_compile_patch.connector import (
     _CompileConnector,
     _CompileFeature,
@@ -109,7 +110,8 @@ class _CompiledAutograd(_CompileFeature):
         if not self.enabled:
             return
         self._captures = counters["compiled_autograd"]["captures"]
-        if isinstance(connector.trainer.strategy, DDPStrategy):
+        trainer = connector.trainer
+        if isinstance(trainer.strategy, DDPStrategy) and trainer.state.fn == TrainerFn.FITTING:  # DDP wraps to fit only
             self._use_python_reducer()
 
     def _use_python_reducer(self) -> None:
@@ -127,8 +129,8 @@ class _CompiledAutograd(_CompileFeature):
         if not self.enabled:
             return
         wrapper = connector.trainer.strategy.model
-        if isinstance(connector.trainer.strategy, DDPStrategy):
-            if not isinstance(wrapper, DistributedDataParallel) or not wrapper._use_python_reducer:
+        if isinstance(wrapper, DistributedDataParallel):
+            if not wrapper._use_python_reducer:
                 raise RuntimeError(
                     f"`Trainer(use_compile={{'{_KEY}': ...}})` set DDP's python reducer before DDP was built, but DDP"
                     " uses its C++ reducer, which compiled autograd cannot trace. Remove the DDP arguments the python"
