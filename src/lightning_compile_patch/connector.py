@@ -7,6 +7,7 @@ this core are the modules of ``compile_features``: one :class:`_CompileFeature` 
 
 """
 
+import contextlib
 import difflib
 import importlib
 import inspect
@@ -55,7 +56,7 @@ class _CompileFeature:
         return compiled
 
     def teardown(self, connector: "_CompileConnector") -> None:
-        """Undoes what ``setup`` did."""
+        """Undoes what ``on_run_start`` and ``setup`` did."""
 
 
 class _CompileConnector:
@@ -152,12 +153,11 @@ class _CompileConnector:
             self.undo.pop()()
 
     def teardown(self) -> None:
-        try:
-            self.uncompile()
-        finally:
-            while self._active:
-                self._active.pop().teardown(self)
-            self.run_kwargs = None
+        active, self._active, self.run_kwargs = self._active, [], None
+        with contextlib.ExitStack() as stack:  # every step runs, even after one that raised
+            for feature in active:
+                stack.callback(feature.teardown, self)
+            stack.callback(self.uncompile)
 
 
 def _torch_compile_keys() -> list[str]:

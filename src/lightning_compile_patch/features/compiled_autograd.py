@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning_compile_patch.connector import (
     _CompileConnector,
     _CompileFeature,
@@ -46,8 +47,8 @@ _INDUCTOR_SETTINGS = ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
 
 
 def _switch() -> Optional[Callable[..., Any]]:
-    """The installed torch's context manager that turns compiled autograd on (private on every torch 2.6 to 2.14)."""
-    return getattr(compiled_autograd, "enable", None) or getattr(compiled_autograd, "_enable", None)
+    """The context manager that turns compiled autograd on: private, and the same, on every torch from 2.6 to 2.14."""
+    return getattr(compiled_autograd, "_enable", None) if _TORCH_GREATER_EQUAL_2_6 else None
 
 
 class _CompiledAutograd(_CompileFeature):
@@ -84,10 +85,16 @@ class _CompiledAutograd(_CompileFeature):
                 " under DDP, compiled autograd needs DDP's python reducer. Remove 'optimize_ddp', or set it to"
                 " 'python_reducer'."
             )
+        if options.get("fallback") is not None:
+            raise ValueError(
+                f"`Trainer(use_compile={{'{_KEY}': ..., 'fallback': ...}})` cannot be combined: after a compile error"
+                " the run would go on with the backward still compiled and, under DDP, with the python reducer. Remove"
+                f" 'fallback' or '{_KEY}'."
+            )
         if _switch() is None:
             raise RuntimeError(
-                f"`Trainer(use_compile={{'{_KEY}': ...}})` needs `torch._dynamo.compiled_autograd._enable`, which torch"
-                f" {torch.__version__} does not have. Install a torch from 2.6 to 2.14, or remove '{_KEY}'."
+                f"`Trainer(use_compile={{'{_KEY}': ...}})` needs torch>=2.6 (`compiled_autograd._enable`), and torch"
+                f" {torch.__version__} is installed. Upgrade torch, or remove '{_KEY}'."
             )
 
     def verify(self, connector: _CompileConnector) -> None:
@@ -99,11 +106,23 @@ class _CompiledAutograd(_CompileFeature):
                 f"`Trainer(use_compile={{'{_KEY}': ...}})` supports one device and DDP, not"
                 f" {type(strategy).__name__}. Remove '{_KEY}', or use `strategy='ddp'`."
             )
-        if isinstance(strategy, DDPStrategy) and strategy._ddp_kwargs.get("bucket_cap_mb_list"):
+        if not isinstance(strategy, DDPStrategy):
+            return
+        # what the python reducer does not support: it all-reduces each parameter's gradient from a hook of its own
+        unsupported = {
+            "bucket_cap_mb_list": "it has no buckets",
+            "find_unused_parameters": "ranks whose unused parameters differ would all-reduce different tensors",
+        }
+        for name, why in unsupported.items():
+            if strategy._ddp_kwargs.get(name):
+                raise ValueError(
+                    f"`Trainer(use_compile={{'{_KEY}': ...}})` runs DDP with its python reducer, which does not support"
+                    f" `{name}` ({why}). Remove `{name}` from the DDPStrategy, or remove '{_KEY}'."
+                )
+        if strategy._ddp_comm_hook is not None:
             raise ValueError(
-                f"`Trainer(use_compile={{'{_KEY}': ...}})` runs DDP with its python reducer, which does not support"
-                " `bucket_cap_mb_list`. Remove `bucket_cap_mb_list` from the DDPStrategy, or remove"
-                f" '{_KEY}'."
+                f"`Trainer(use_compile={{'{_KEY}': ...}})` runs DDP with its python reducer, which calls a"
+                f" communication hook per parameter, not per bucket. Remove `ddp_comm_hook`, or remove '{_KEY}'."
             )
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
@@ -132,9 +151,9 @@ class _CompiledAutograd(_CompileFeature):
         if isinstance(wrapper, DistributedDataParallel):
             if not wrapper._use_python_reducer:
                 raise RuntimeError(
-                    f"`Trainer(use_compile={{'{_KEY}': ...}})` set DDP's python reducer before DDP was built, but DDP"
-                    " uses its C++ reducer, which compiled autograd cannot trace. Remove the DDP arguments the python"
-                    " reducer does not support."
+                    f"`Trainer(use_compile={{'{_KEY}': ...}})` set DDP's python reducer, but DDP was built with its C++"
+                    " reducer, which compiled autograd cannot trace: `torch._dynamo.config.optimize_ddp` was changed"
+                    " after `fit` started (in a `setup` or `configure_model` hook?). Leave it to `use_compile`."
                 )
             self._stack.callback(_remove_reducer_hooks, wrapper)
         backward_kwargs = connector.run_kwargs if self.value is True else self.value

@@ -52,8 +52,8 @@ class SaveRankState(Callback):
         torch.save(state, self.path / f"rank{trainer.global_rank}.pt")
 
 
-@RunIf(dynamo=True, skip_windows=True)
-def test_compiled_autograd_matches_eager_and_restores_the_process(tmp_path):
+@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
+def test_compiled_autograd_matches_eager_and_restores_the_process():
     states = {}
     for name, use_compile in (("eager", None), ("compiled", {"backend": "eager", "compiled_autograd": True})):
         torch.manual_seed(1)
@@ -70,7 +70,7 @@ def test_compiled_autograd_matches_eager_and_restores_the_process(tmp_path):
     assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
 
 
-@RunIf(dynamo=True, skip_windows=True)
+@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
 def test_compiled_autograd_broadcasts_buffers_like_ddp(tmp_path):
     """The python reducer skips DDP's buffer broadcast; the Trainer does it, so each rank's statistics match DDP's."""
     states = {}
@@ -95,19 +95,29 @@ def test_compiled_autograd_broadcasts_buffers_like_ddp(tmp_path):
         torch.testing.assert_close(compiled["state_dict"], eager["state_dict"])
 
 
+@RunIf(min_torch="2.6")
 @pytest.mark.parametrize("value", [1, "yes"])
 def test_compiled_autograd_rejects_values_other_than_true_or_a_dict(value):
     with pytest.raises(TypeError, match=r"or a dict of `torch\.compile` arguments"):
         Trainer(use_compile={"compiled_autograd": value})
 
 
+@RunIf(min_torch="2.6")
 def test_compiled_autograd_rejects_a_conflicting_optimize_ddp():
     with pytest.raises(ValueError, match="needs DDP's python reducer"):
         Trainer(use_compile={"compiled_autograd": True, "optimize_ddp": "ddp_optimizer"})
 
 
+@RunIf(min_torch="2.6")
 def test_compiled_autograd_rejects_bucket_cap_mb_list():
     with pytest.raises(ValueError, match="does not support `bucket_cap_mb_list`"):
         Trainer(
             strategy=DDPStrategy(bucket_cap_mb_list=[1, 25]), accelerator="cpu", use_compile={"compiled_autograd": True}
         )
+
+
+@RunIf(min_torch="2.6")
+def test_compiled_autograd_rejects_find_unused_parameters():
+    strategy = DDPStrategy(find_unused_parameters=True)
+    with pytest.raises(ValueError, match="does not support `find_unused_parameters`"):
+        Trainer(strategy=strategy, accelerator="cpu", use_compile={"compiled_autograd": True})
