@@ -17,8 +17,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from harness import RESULTS_DIR, RunSpec, fmt, markdown_table, new_report, ratio, report_header, run_fresh, write_report
-from optimize_ddp import _spread, combine
+from harness import (
+    RESULTS_DIR,
+    RunSpec,
+    fmt,
+    markdown_table,
+    new_report,
+    ratio,
+    report_header,
+    run_interleaved,
+    spread,
+)
 
 CONFIGS: dict[str, Any] = {"eager": None, "whole": True, "compiled_autograd": {"compiled_autograd": True}}
 
@@ -32,11 +41,11 @@ def _row(results: dict[str, Any], ranks: int, name: str) -> list[Any]:
     return [
         ranks,
         f"`{name}`",
-        _spread(r, "steady_step_ms", ".1f", " ms"),
+        spread(r, "steady_step_ms", ".1f", " ms"),
         fmt(
             ratio(r["steady_step_ms"], whole.get("steady_step_ms") if whole.get("status") == "ok" else None), ".3f", "x"
         ),
-        _spread(r, "first_step_s", ".1f", " s"),
+        spread(r, "first_step_s", ".1f", " s"),
         r["graphs"],
         "; ".join(notes) or "—",
         fmt(r.get("final_loss"), ".4f"),
@@ -87,23 +96,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     data = new_report("compiled_autograd", argv, model=model, world_sizes=world_sizes, results={}, runs=[])
     data.update(steps=args.steps, warmup=args.warmup, repeats=args.repeats, strategy=args.strategy)
     data["accelerator"] = args.accelerator
-    runs: dict[str, list[dict[str, Any]]] = {}
+
+    def spec_for(name: str, world_size: int) -> RunSpec:
+        spec = RunSpec(name, model=model, steps=args.steps, warmup=args.warmup, devices=world_size)
+        spec.strategy, spec.use_compile, spec.accelerator = args.strategy, CONFIGS[name], args.accelerator
+        spec.threads = 1 if args.accelerator == "cpu" else None
+        return spec
+
     with tempfile.TemporaryDirectory(prefix="lcp-compiled-autograd-") as tmp:
-        for repeat in range(args.repeats):
-            for world_size in world_sizes:
-                names = list(CONFIGS)[repeat % len(CONFIGS) :] + list(CONFIGS)[: repeat % len(CONFIGS)]  # interleaved
-                for name in names:
-                    key = f"{name}@{world_size}"
-                    spec = RunSpec(key, model=model, steps=args.steps, warmup=args.warmup, devices=world_size)
-                    spec.strategy, spec.use_compile, spec.accelerator = args.strategy, CONFIGS[name], args.accelerator
-                    spec.threads = 1 if args.accelerator == "cpu" else None
-                    print(f"{key} (repeat {repeat + 1}/{args.repeats}): {args.steps} steps per rank", flush=True)
-                    result = {**run_fresh(spec, Path(tmp) / f"{repeat}-{key}"), "repeat": repeat}
-                    print(f"    {result.get('steady_step_ms') or result.get('error', '')[:300]}", flush=True)
-                    data["runs"].append(result)
-                    runs.setdefault(key, []).append(result)
-                    data["results"][key] = combine(runs[key])
-                    write_report(args.out, data, markdown(data))
+        run_interleaved(data, list(CONFIGS), world_sizes, args.repeats, spec_for, Path(tmp), args.out, markdown)
     print(markdown(data))
     return 0 if all(r["status"] == "ok" for r in data["runs"]) else 1
 

@@ -24,7 +24,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -124,6 +124,57 @@ def run_fresh(
         reason = f"timed out after {timeout_s:.0f} s" if returncode is None else f"exit code {returncode}: {tail}"
         result.setdefault("error", reason)
     return result
+
+
+def run_interleaved(
+    data: dict[str, Any],
+    configs: Sequence[str],
+    world_sizes: Sequence[int],
+    repeats: int,
+    spec_for: Callable[[str, int], RunSpec],
+    workdir: Path,
+    out: Path,
+    markdown: Callable[[dict[str, Any]], str],
+) -> None:
+    """Runs each configuration at each world size ``repeats`` times, each in a fresh process.
+
+    The order rotates with each repeat, so that no configuration always runs first. Every run is appended to
+    ``data["runs"]``; ``data["results"]["NAME@WORLD_SIZE"]`` is the :func:`combine` of its runs so far, and the report
+    is written into ``out`` after each run, so that an interrupted benchmark still leaves its tables.
+    """
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for repeat in range(repeats):
+        for world_size in world_sizes:
+            shift = repeat % len(configs)
+            for name in [*configs[shift:], *configs[:shift]]:
+                spec = spec_for(name, world_size)
+                key = spec.name = f"{name}@{world_size}"
+                print(f"{key} (repeat {repeat + 1}/{repeats}): {spec.steps} steps per rank", flush=True)
+                result = {**run_fresh(spec, workdir / f"{repeat}-{key}"), "repeat": repeat}
+                print(f"    {result.get('steady_step_ms') or result.get('error', '')[:300]}", flush=True)
+                data["runs"].append(result)
+                runs.setdefault(key, []).append(result)
+                data["results"][key] = combine(runs[key])
+                write_report(out, data, markdown(data))
+
+
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration over its repeats: the first good run's details, with each timing's median across runs."""
+    ok = [r for r in runs if r["status"] == "ok"]
+    if not ok:
+        return runs[-1]
+    combined = {**ok[0], "repeats_ok": len(ok), "repeats": len(runs)}
+    for key in ("steady_step_ms", "steady_backward_ms", "first_step_s"):
+        combined[f"{key}_runs"] = values = [r[key] for r in ok if r.get(key) is not None]
+        combined[key] = statistics.median(values) if values else None
+    return combined
+
+
+def spread(result: dict[str, Any], key: str, spec: str, unit: str) -> str:
+    """The median, and the range over repeats when there are several."""
+    values = result.get(f"{key}_runs") or []
+    extent = f" ({min(values):{spec}} to {max(values):{spec}})" if len(values) > 1 else ""
+    return fmt(result.get(key), spec, unit) + extent
 
 
 class StepTimer(Callback):

@@ -12,29 +12,28 @@ gradient taking ``A`` (measured: gloo, 2 processes) and a backward taking ``T``,
 """
 
 import argparse
-import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from harness import RESULTS_DIR, RunSpec, fmt, markdown_table, new_report, ratio, report_header, run_fresh, write_report
+from harness import (
+    RESULTS_DIR,
+    RunSpec,
+    fmt,
+    markdown_table,
+    new_report,
+    ratio,
+    report_header,
+    run_fresh,
+    run_interleaved,
+    spread,
+    write_report,
+)
 
 CONFIGS: dict[str, Any] = {"eager": None, "optimize_ddp=True": {"optimize_ddp": True}}
 CONFIGS["optimize_ddp=False"] = {"optimize_ddp": False}
-
-
-def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One configuration over its repeats: the first good run's details, with each timing's median across runs."""
-    ok = [r for r in runs if r["status"] == "ok"]
-    if not ok:
-        return runs[-1]
-    combined = {**ok[0], "repeats_ok": len(ok), "repeats": len(runs)}
-    for key in ("steady_step_ms", "steady_backward_ms", "first_step_s"):
-        combined[f"{key}_runs"] = values = [r[key] for r in ok if r.get(key) is not None]
-        combined[key] = statistics.median(values) if values else None
-    return combined
 
 
 def _get(results: dict[str, Any], key: str, field: str) -> Optional[float]:
@@ -68,13 +67,6 @@ def _outside_backward(results: dict[str, Any], key: str) -> Optional[float]:
     return None if step is None or backward is None else step - backward
 
 
-def _spread(result: dict[str, Any], key: str, spec: str, unit: str) -> str:
-    """The median, and the range over repeats when there are several."""
-    values = result.get(f"{key}_runs") or []
-    spread = f" ({min(values):{spec}} to {max(values):{spec}})" if len(values) > 1 else ""
-    return fmt(result.get(key), spec, unit) + spread
-
-
 def _row(results: dict[str, Any], ranks: int, name: str) -> list[Any]:
     r = results[f"{name}@{ranks}"]
     if r["status"] != "ok":
@@ -83,9 +75,9 @@ def _row(results: dict[str, Any], ranks: int, name: str) -> list[Any]:
     return [
         ranks,
         f"`{name}`",
-        _spread(r, "steady_step_ms", ".1f", " ms"),
+        spread(r, "steady_step_ms", ".1f", " ms"),
         *(fmt(ratio(r["steady_step_ms"], _get(results, f"{b}@{ranks}", "steady_step_ms")), ".3f", "x") for b in base),
-        _spread(r, "steady_backward_ms", ".1f", " ms"),
+        spread(r, "steady_backward_ms", ".1f", " ms"),
         fmt(r["first_step_s"], ".1f", " s"),
         r["graphs"],
         ", ".join(map(str, r.get("ddp_optimizer_buckets") or [])) or "—",
@@ -152,23 +144,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     world_sizes = [int(w) for w in args.world_sizes.split(",")]
     data = new_report("optimize_ddp", argv, model=model, world_sizes=world_sizes, results={}, runs=[])
     data.update(steps=args.steps, warmup=args.warmup, bucket_cap_mb=args.bucket_cap_mb, repeats=args.repeats)
-    runs: dict[str, list[dict[str, Any]]] = {}
+
+    def spec_for(name: str, world_size: int) -> RunSpec:
+        spec = RunSpec(name, model=model, steps=args.steps, warmup=args.warmup, devices=world_size)
+        spec.strategy, spec.use_compile, spec.threads, spec.bucket_cap_mb = "ddp", CONFIGS[name], 1, args.bucket_cap_mb
+        return spec
+
     with tempfile.TemporaryDirectory(prefix="lcp-optimize-ddp-") as tmp:
-        for repeat in range(args.repeats):
-            for world_size in world_sizes:
-                names = list(CONFIGS)[repeat % len(CONFIGS) :] + list(CONFIGS)[: repeat % len(CONFIGS)]  # interleaved
-                for name in names:
-                    key = f"{name}@{world_size}"
-                    spec = RunSpec(key, model=model, steps=args.steps, warmup=args.warmup, devices=world_size)
-                    spec.strategy, spec.use_compile, spec.threads = "ddp", CONFIGS[name], 1
-                    spec.bucket_cap_mb = args.bucket_cap_mb
-                    print(f"{key} (repeat {repeat + 1}/{args.repeats}): {args.steps} steps per rank", flush=True)
-                    result = {**run_fresh(spec, Path(tmp) / f"{repeat}-{key}"), "repeat": repeat}
-                    print(f"    {result.get('steady_step_ms') or result.get('error', '')[:300]}", flush=True)
-                    data["runs"].append(result)
-                    runs.setdefault(key, []).append(result)
-                    data["results"][key] = combine(runs[key])
-                    write_report(args.out, data, markdown(data))
+        run_interleaved(data, list(CONFIGS), world_sizes, args.repeats, spec_for, Path(tmp), args.out, markdown)
         params = next((r["parameters"] for r in data["results"].values() if r.get("parameters")), None)
         if params:
             spec = RunSpec("allreduce", "allreduce", numel=params, threads=1, repeats=30)

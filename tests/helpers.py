@@ -7,7 +7,9 @@ applied (see ``conftest.py``).
 import importlib.util
 import json
 import os
+import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -64,6 +66,23 @@ class LoggingModel(BoringModel):
         out = super().test_step(batch, batch_idx)
         self.log_dict({"test_loss": out["y"], "test_twice": 2 * out["y"]})
         return out
+
+
+class ManualModel(BoringModel):
+    """Manual optimization: the step runs its own ``manual_backward`` and optimizer step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        opt = self.optimizers()
+        loss = self.step(batch)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        self.log("loss", loss)
+        return loss
 
 
 _COUNTS: dict[str, dict[str, int]] = {}
@@ -345,6 +364,27 @@ class RankReport(Callback):
         Path(self.log_dir, f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
 
 
+def read_backward_graphs(log_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """What :class:`BackwardGraphs` recorded, by rank: one entry per backward graph."""
+    return {
+        int(p.stem[len("backward") :]): [json.loads(line) for line in p.read_text().splitlines()]
+        for p in Path(log_dir).glob("backward*.jsonl")
+    }
+
+
 def read_rank_reports(log_dir: Path) -> dict[int, dict[str, Any]]:
     """What :class:`RankReport` wrote, by rank."""
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(Path(log_dir).glob("rank*.json"))}
+
+
+def run_launched_script(workdir: Path, source: str) -> "subprocess.CompletedProcess[str]":
+    """Runs ``source`` as ``workdir/train.py`` in a new process, as a user runs a script that Lightning's subprocess
+    launcher (``strategy="ddp"``) starts again for the other ranks; fails the test if it fails."""
+    script = workdir / "train.py"
+    script.write_text(textwrap.dedent(source))
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_PORT")}
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result

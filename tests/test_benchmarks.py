@@ -150,7 +150,9 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_tables_from_known_numbers(
     assert model["measured_saving_ms"] == pytest.approx(2.0)
     row = optimize_ddp._row(results, 2, "optimize_ddp=True")
     assert row[3:5] == ["0.962x", "0.769x"]  # against False and against eager, of the same world size
-    combined = optimize_ddp.combine([{**ok, "steady_step_ms": t} for t in (3.0, 1.0, 2.0)] + [{"status": "error"}])
+    combined = benchmark_script("harness").combine(
+        [{**ok, "steady_step_ms": t} for t in (3.0, 1.0, 2.0)] + [{"status": "error"}]
+    )
     assert (combined["steady_step_ms"], combined["repeats_ok"], combined["repeats"]) == (2.0, 3, 4)
 
     regions_depth = benchmark_script("regions_depth")

@@ -4,11 +4,6 @@ The seed of this project trains with DDP's python reducer and compiled autograd,
 option does it in each rank, under every launcher, and puts back what it changed.
 """
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,10 +18,13 @@ from helpers import (
     QUIET,
     TORCH_2_13,
     BackwardGraphs,
+    ManualModel,
     RankReport,
     ReleaseProcessGroup,
     last_summary,
+    read_backward_graphs,
     read_rank_reports,
+    run_launched_script,
 )
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
@@ -46,22 +44,6 @@ class BatchNormModel(BoringModel):
         return DataLoader(RandomDataset(32, 64), batch_size=4)
 
 
-class ManualModel(BoringModel):
-    """Manual optimization: `manual_backward` is the backward that compiled autograd must take."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.automatic_optimization = False
-
-    def training_step(self, batch, batch_idx):
-        optimizer = self.optimizers()
-        loss = self.step(batch)
-        optimizer.zero_grad()
-        self.manual_backward(loss)
-        optimizer.step()
-        return {"loss": loss}
-
-
 def fit_two_spawned_ranks(tmp_path: Path, name: str, model_cls, compiled: bool, **trainer_kwargs) -> dict:
     """Fits ``model_cls`` on 2 ``ddp_spawn`` ranks, eagerly or with compiled autograd; returns each rank's report."""
     log_dir = tmp_path / name
@@ -77,14 +59,7 @@ def fit_two_spawned_ranks(tmp_path: Path, name: str, model_cls, compiled: bool, 
         **trainer_kwargs,
     )
     trainer.fit(model_cls())
-    return {"ranks": read_rank_reports(log_dir), "backward": _backward_graphs(log_dir)}
-
-
-def _backward_graphs(log_dir: Path) -> dict[int, list[dict]]:
-    return {
-        int(p.stem[len("backward") :]): [json.loads(line) for line in p.read_text().splitlines()]
-        for p in log_dir.glob("backward*.jsonl")
-    }
+    return {"ranks": read_rank_reports(log_dir), "backward": read_backward_graphs(log_dir)}
 
 
 def assert_compiled_autograd_ran_and_left_nothing(run: dict) -> None:
@@ -143,12 +118,11 @@ def test_ddp_spawn_equals_eager_ddp_in_every_rank(tmp_path, model_cls, static_gr
 
 
 SCRIPT = """
-import json, sys
+import sys
 sys.path.insert(0, {tests!r})
 {import_line}
-import torch
 from helpers import QUIET, BackwardGraphs, RankReport, ReleaseProcessGroup
-from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 seed_everything(7)
@@ -167,17 +141,11 @@ def fit_two_launched_ranks(tmp_path: Path, name: str, compiled: bool) -> dict:
     log_dir = tmp_path / name
     log_dir.mkdir()
     import_line = "import lightning_compile_patch" if TARGET == "package" else ""
-    script = log_dir / "train.py"
-    source = SCRIPT.format(
-        tests=str(Path(__file__).parent), import_line=import_line, log_dir=str(log_dir), compiled=compiled
+    tests = str(Path(__file__).parent)
+    run_launched_script(
+        log_dir, SCRIPT.format(tests=tests, import_line=import_line, log_dir=str(log_dir), compiled=compiled)
     )
-    script.write_text(textwrap.dedent(source))
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_PORT")}
-    result = subprocess.run(
-        [sys.executable, str(script)], cwd=log_dir, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return {"ranks": read_rank_reports(log_dir), "backward": _backward_graphs(log_dir)}
+    return {"ranks": read_rank_reports(log_dir), "backward": read_backward_graphs(log_dir)}
 
 
 def test_ddp_subprocess_launcher_equals_eager_ddp_in_every_rank(tmp_path):

@@ -6,7 +6,16 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from helpers import QUIET, CountingBackend, LoggingModel, StateProbe, leftovers, no_sync_counter, state_dict_keys
+from helpers import (
+    QUIET,
+    CountingBackend,
+    LoggingModel,
+    ManualModel,
+    StateProbe,
+    leftovers,
+    no_sync_counter,
+    state_dict_keys,
+)
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
@@ -40,21 +49,6 @@ def test_teardown_unwraps_ddp():
     trainer = Trainer(strategy="ddp", use_compile=COMPILE, max_steps=2, **QUIET)
     trainer.fit(model)
     assert trainer.strategy.model is model
-
-
-class ManualModel(BoringModel):
-    def __init__(self):
-        super().__init__()
-        self.automatic_optimization = False
-
-    def training_step(self, batch, batch_idx):
-        opt = self.optimizers()
-        loss = self.step(batch)
-        opt.zero_grad()
-        self.manual_backward(loss)
-        opt.step()
-        self.log("loss", loss)
-        return loss
 
 
 def train_weights(model_cls, strategy, use_compile, steps=3, **kwargs):

@@ -5,17 +5,13 @@ Lightning itself), so unpickling it imports the package, and the import patches 
 """
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import TARGET
-from helpers import QUIET, CountingBackend, LoggingModel, ReleaseProcessGroup, read_rank_events
+from helpers import QUIET, CountingBackend, LoggingModel, ReleaseProcessGroup, read_rank_events, run_launched_script
 from lightning.pytorch import Trainer, seed_everything
 
 pytestmark = pytest.mark.slow
@@ -95,15 +91,9 @@ def run_ddp_script(tmp_path, compiled):
     import_line = "import lightning_compile_patch" if TARGET == "package" else ""
     workdir = tmp_path / ("compiled" if compiled else "eager")
     workdir.mkdir()
-    script = workdir / "train.py"
     tests = str(Path(__file__).parent)
     source = SCRIPT.format(tests=tests, import_line=import_line, log_dir=str(workdir), compiled=compiled)
-    script.write_text(textwrap.dedent(source))
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_PORT")}
-    result = subprocess.run(
-        [sys.executable, str(script)], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_launched_script(workdir, source)
     weights = next(line for line in result.stdout.splitlines() if line.startswith("WEIGHTS "))
     return json.loads(weights[len("WEIGHTS ") :]), read_rank_events(workdir)
 

@@ -12,8 +12,9 @@ when                   what                                             why
 =====================  ===============================================  ===============================================
 before DDP is built    ``torch._dynamo.config.optimize_ddp =            the C++ reducer cannot be traced: compiled
                        "python_reducer"``                               autograd refuses it
-after the wrap         check that DDP uses the python reducer           a DDP argument can keep the C++ one
-each step (eager)      broadcast the buffers as DDP does                the python reducer skips DDP's ``_pre_forward``
+after the wrap         check that DDP uses the python reducer           a hook may have reset ``optimize_ddp``
+around each forward    broadcast the buffers where DDP would            the python reducer skips DDP's
+(eager)                                                                 ``_pre_forward`` and ``_post_forward``
 the run ends           remove the reducer's gradient hooks, restore     or a later ``backward()`` still all-reduces,
                        what DDP set for the process                     and Dynamo keeps tracing DDP's file
 =====================  ===============================================  ===============================================
