@@ -3,12 +3,14 @@
 The Trainer calls the connector when it is built (the value is checked), in ``fit``/``validate``/``test``/``predict``
 (``unwrap`` a compiled model), at the start of ``_run`` (``on_run_start``), right after ``strategy.setup``
 (``compile``: in place, so the wrapper keeps its type and the state-dict keys), and in ``_teardown``. Features beyond
-this core are the modules of ``compile_features``: one :class:`_CompileFeature` each, which the core never names.
+this core are the modules of ``compile_features``: each names its :class:`_CompileFeature` as ``FEATURE``, and is
+imported only when a Trainer compiles.
 
 """
 
 import contextlib
 import difflib
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -20,7 +22,9 @@ from torch._dynamo import OptimizedModule
 
 import lightning.pytorch as pl
 import lightning_compile_patch.features as compile_features
+from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_2
 from lightning.fabric.wrappers import _unwrap_compiled
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
@@ -70,16 +74,27 @@ class _CompileConnector:
         self.trainer = trainer
         self.use_compile = use_compile
         self.enabled = use_compile is not None and use_compile is not False  # compile every model after the wrap
-        for module in pkgutil.iter_modules(compile_features.__path__):  # each defines one `_CompileFeature`
-            importlib.import_module(f"{compile_features.__name__}.{module.name}")
-        features = sorted(_CompileFeature.__subclasses__(), key=lambda feature: feature.order)
-        options = _parse_use_compile(use_compile, {key: d for f in features for key, d in f.keys.items()})
-        self.compile_kwargs = {key: value for key, value in options.items() if key in _torch_compile_keys()}
-        self.features = [feature(options) for feature in features]
+        if self.enabled and not _TORCH_GREATER_EQUAL_2_2:
+            raise RuntimeError(
+                f"`Trainer(use_compile=...)` needs torch 2.2 or newer (it compiles the strategy's wrapper in place with"
+                f" `nn.Module.compile`), but torch {torch.__version__} is installed. Upgrade torch, or remove"
+                " `use_compile`."
+            )
+        self.features: list[_CompileFeature] = []
+        self.compile_kwargs: dict[str, Any] = {}
+        if self.enabled:
+            self._build_features(use_compile)
         self.run_kwargs: Optional[dict[str, Any]] = None  # of the run in progress; None: it compiles nothing
         self._input_kwargs: Optional[dict[str, Any]] = None
         self._active: list[_CompileFeature] = []
         self.undo: list[Callable[[], Any]] = []  # what this run compiled, to undo latest first
+
+    def _build_features(self, use_compile: _USE_COMPILE) -> None:
+        """Checks the value, with the keys of every feature, and builds the features, which check theirs."""
+        features = _feature_classes()
+        options = _parse_use_compile(use_compile, {key: d for f in features for key, d in f.keys.items()})
+        self.compile_kwargs = {key: value for key, value in options.items() if key in _torch_compile_keys()}
+        self.features = [feature(options) for feature in features]
 
     def verify_strategy(self) -> None:
         """Rejects a strategy that cannot run compiled, while the Trainer is being constructed."""
@@ -93,8 +108,10 @@ class _CompileConnector:
         if model is None:
             return model  # the stage reuses the Trainer's model, and with it the compiled input's arguments
         self._input_kwargs = None
-        if not isinstance(model, OptimizedModule) or self.use_compile is False:
+        if not isinstance(model, OptimizedModule) or self.use_compile is False or not _TORCH_GREATER_EQUAL_2_2:
             return model
+        if not self.enabled and not _supports_compile(self.trainer.strategy):
+            return model  # Lightning refuses a compiled model under this strategy, with its own error
         if not self.enabled and getattr(model, "_compile_kwargs", None) is None:
             rank_zero_warn(
                 "The arguments of the model's `torch.compile` call are unknown (it was compiled before `lightning` was"
@@ -105,15 +122,23 @@ class _CompileConnector:
         if self.enabled:
             rank_zero_warn("The model passed in is compiled and `Trainer(use_compile)` is set too: `use_compile` wins.")
         else:
-            self._input_kwargs = dict(compile_kwargs or {})
+            self._input_kwargs = dict(compile_kwargs or {})  # a copy: a run changes what it compiles with
         return module
 
     def on_run_start(self, model: "pl.LightningModule") -> None:
         """Decides what this run compiles, before the strategy sets the model up."""
-        self.run_kwargs = dict(self.compile_kwargs) if self.enabled else self._input_kwargs
+        kwargs = self.compile_kwargs if self.enabled else self._input_kwargs
+        self.run_kwargs = None if kwargs is None else dict(kwargs)  # a copy: features may change it for the run
         if self.run_kwargs is None:
             return
-        _verify_strategy_supports_compile(None, self.trainer.strategy)
+        if not self.features:
+            self._build_features({})  # a compiled model passed in: the features with their defaults
+        # inference tensors have other dispatch keys than the tensors of fit's validation (`torch.no_grad`): evaluating
+        # under `torch.inference_mode` would compile each evaluation step a second time
+        for loop in (self.trainer.validate_loop, self.trainer.test_loop, self.trainer.predict_loop):
+            if loop.inference_mode:
+                loop.inference_mode = False
+                self.undo.append(functools.partial(setattr, loop, "inference_mode", True))
         if model._compiler_ctx is not None:
             to_uncompiled(model)  # compiled by hand with `from_compiled`: compile once, after the wrap
         for feature in self.features:
@@ -137,16 +162,31 @@ class _CompileConnector:
             self.undo.append(lambda: setattr(wrapper, "_compiled_call_impl", None))
             return
         # no wrapper (one device, or a stage without one): the strategy calls the step methods directly
+        given = module.__dict__.get("_compile_kwargs")  # of a compiled model passed in
         from_compiled(torch.compile(module, **self.run_kwargs))  # type: ignore[arg-type]
+        if given is not None:  # torch's wrapper stores Lightning's record of the arguments on the module: keep the user's
+            module._compile_kwargs = given
         self.undo.append(lambda: to_uncompiled(module))
         assert module._compiler_ctx is not None
         for name in ("training_step", "validation_step", "test_step", "predict_step"):
-            setattr(module, name, self.wrap(getattr(module, name), module._compiler_ctx[f"original_{name}"]))
+            original = module._compiler_ctx[f"original_{name}"]
+            if callable(original):  # `validation_step = None` turns the loop off
+                setattr(module, name, self.wrap(getattr(module, name), original))
 
     def wrap(self, compiled: Callable, original: Callable) -> Callable:
+        """The features' wrappers around ``compiled``, which shows ``original``'s name and signature.
+
+        Lightning reads a step's signature to decide what to pass it (``batch_idx``, ``dataloader_idx``).
+
+        """
         for feature in self._active:
             compiled = feature.wrap(self, compiled, original)
-        return compiled
+
+        @functools.wraps(original, updated=())
+        def step(*args: Any, **kwargs: Any) -> Any:
+            return compiled(*args, **kwargs)
+
+        return step
 
     def uncompile(self) -> None:
         while self.undo:
@@ -158,6 +198,22 @@ class _CompileConnector:
             for feature in active:
                 stack.callback(feature.teardown, self)
             stack.callback(self.uncompile)
+
+
+def _supports_compile(strategy: Strategy) -> bool:
+    try:
+        _verify_strategy_supports_compile(None, strategy)
+    except RuntimeError:
+        return False
+    return True
+
+
+@functools.cache
+def _feature_classes() -> tuple[type[_CompileFeature], ...]:
+    """The ``FEATURE`` of every module in ``compile_features``, by ``order``: imported on first use."""
+    modules = pkgutil.iter_modules(compile_features.__path__)
+    features = [importlib.import_module(f"{compile_features.__name__}.{m.name}").FEATURE for m in modules]
+    return tuple(sorted(features, key=lambda feature: feature.order))
 
 
 def _torch_compile_keys() -> list[str]:

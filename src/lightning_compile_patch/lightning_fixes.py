@@ -4,12 +4,14 @@ Each function here is the fixed version of a function in Lightning's tree, writt
 series replaces Lightning's function with it (``tools/upstream/series.py``); the package installs it over Lightning's
 at import (:func:`install`), so both deliveries run the same code.
 
+* ``from_compiled`` compiled every step, so a step set to ``None`` (how a loop is turned off) raised; it now
+  compiles only the steps that are callable.
 * ``to_uncompiled`` left each step method behind as an instance attribute holding a bound method: the module then
   pickles the bound methods and ignores a method patched on its class. It now removes them.
 * ``_ForwardRedirection.__call__`` left the module's ``forward`` patched when the wrapper's call raised (a compile
   error, an interrupt), so the next call of ``forward`` ran the step method. It now restores it on every path.
-* ``_verify_strategy_supports_compile`` let ``XLAStrategy`` through (it subclasses ``DDPStrategy``) and refused
-  ``ModelParallelStrategy``; it can also check a strategy for a model that is yet to be compiled (``model=None``).
+* ``_verify_strategy_supports_compile`` refused ``ModelParallelStrategy``; it can also check a strategy for a model
+  that is yet to be compiled (``model=None``).
 
 """
 
@@ -27,9 +29,41 @@ from lightning.pytorch.strategies import (
     ModelParallelStrategy,
     SingleDeviceStrategy,
     Strategy,
-    XLAStrategy,
 )
+from lightning.pytorch.utilities.model_helpers import _check_mixed_imports
 from lightning.pytorch.utilities.types import STEP_OUTPUT
+
+
+def from_compiled(model: OptimizedModule) -> "pl.LightningModule":
+    """Returns an instance LightningModule from the output of ``torch.compile``.
+
+    .. warning::  This is an :ref:`experimental <versioning:Experimental API>` feature.
+
+    The ``torch.compile`` function returns a ``torch._dynamo.OptimizedModule``, which wraps the LightningModule
+    passed in as an argument, but doesn't inherit from it. This means that the output of ``torch.compile`` behaves
+    like a LightningModule, but it doesn't inherit from it (i.e. `isinstance` will fail).
+
+    Use this method to obtain a LightningModule that still runs with all the optimizations from ``torch.compile``.
+
+    """
+    if not isinstance(model, OptimizedModule):
+        raise ValueError(f"`model` is required to be a `OptimizedModule`. Found a `{type(model).__name__}` instead.")
+
+    orig_module = model._orig_mod
+
+    if not isinstance(orig_module, pl.LightningModule):
+        _check_mixed_imports(model)
+        raise ValueError(
+            f"`model` is expected to be a compiled LightningModule. Found a `{type(orig_module).__name__}` instead"
+        )
+
+    orig_module._compiler_ctx = {"compiler": "dynamo", "dynamo_ctx": model.dynamo_ctx}
+    for name in ("forward", "training_step", "validation_step", "test_step", "predict_step"):
+        method = getattr(orig_module, name)
+        orig_module._compiler_ctx[f"original_{name}"] = method
+        if callable(method):  # a step set to `None` turns its loop off
+            setattr(orig_module, name, model.dynamo_ctx(method))
+    return orig_module
 
 
 def to_uncompiled(model: Union["pl.LightningModule", "torch._dynamo.OptimizedModule"]) -> "pl.LightningModule":
@@ -79,7 +113,7 @@ def _verify_strategy_supports_compile(model: Optional["pl.LightningModule"], str
     if model is not None and model._compiler_ctx is None:
         return
     supported_strategies = (SingleDeviceStrategy, DDPStrategy, FSDPStrategy, ModelParallelStrategy)
-    if isinstance(strategy, supported_strategies) and not isinstance(strategy, (DeepSpeedStrategy, XLAStrategy)):
+    if isinstance(strategy, supported_strategies) and not isinstance(strategy, DeepSpeedStrategy):
         return
     supported_strategy_names = ", ".join(s.__name__ for s in supported_strategies)
     what, avoid = ("a compiled model", "passing in compiled model") if model else ("`use_compile`", "`use_compile`")
@@ -140,6 +174,7 @@ class _ForwardRedirection:
 
 #: Where each fix goes in Lightning's tree: the module, and the class for a method.
 FIXES = {
+    "from_compiled": ("lightning.pytorch.utilities.compile", None),
     "to_uncompiled": ("lightning.pytorch.utilities.compile", None),
     "_verify_strategy_supports_compile": ("lightning.pytorch.utilities.compile", None),
     "__call__": ("lightning.pytorch.strategies.strategy", "_ForwardRedirection"),

@@ -1,7 +1,9 @@
 """The monkeypatch, and nothing else: ``Trainer.__init__`` takes ``use_compile``, ``Trainer._run`` compiles after setup.
 
 For each installed flavour (``lightning.pytorch``, ``pytorch_lightning``) it replaces these ``Trainer`` methods, at
-the points where the upstream patch changes them:
+the points where the upstream patch changes them. A flavour that is not imported yet is patched when it is, by an
+import hook: importing a flavour has side effects of its own (the last one imported owns the logger of the
+``rank_zero_*`` helpers they share), so the patch imports none.
 
 * ``__init__`` gains the ``use_compile`` keyword, in its signature and docstring too, so LightningCLI and the
   ``PL_TRAINER_USE_COMPILE`` environment variable see it. The value is validated before anything else happens.
@@ -16,9 +18,15 @@ the points where the upstream patch changes them:
 
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
 import importlib.util
 import inspect
 import os
+import sys
+import types
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from packaging.version import Version
@@ -40,13 +48,19 @@ _RUN_HOOKS = ("_run", "_run_stage", "_teardown")
 _ENTRY_POINTS = ("fit", "validate", "test", "predict")
 
 
+#: The distribution that installs each flavour, for its version before it is imported.
+_DISTRIBUTIONS = {"lightning.pytorch": "lightning", "pytorch_lightning": "pytorch-lightning"}
+
+
 def installed_flavours() -> list[str]:
     """The Lightning flavours that can be imported here."""
     return [name for name in FLAVOUR_RENAMES if importlib.util.find_spec(name.partition(".")[0]) is not None]
 
 
 def apply() -> list[str]:
-    """Patches every installed flavour that is not patched yet, and returns the flavours patched now.
+    """Patches every imported flavour that is not patched yet, and each other one when it is imported.
+
+    Returns the flavours patched now.
 
     Raises:
         ImportError: If no Lightning is installed, or an installed one is a release this patch does not support.
@@ -58,7 +72,11 @@ def apply() -> list[str]:
             "`lightning_compile_patch` patches Lightning's Trainer, but neither `lightning` nor `pytorch_lightning`"
             " is installed. Install one of them: `pip install 'lightning>=2.6,<2.7'`."
         )
-    return [flavour for flavour in flavours if _patch_flavour(flavour)]
+    pending = [flavour for flavour in flavours if flavour not in sys.modules]
+    for flavour in pending:
+        _check_version(flavour, Version(importlib.metadata.version(_DISTRIBUTIONS[flavour])))
+    _PatchOnImport.install(pending)
+    return [flavour for flavour in flavours if flavour in sys.modules and _patch_flavour(flavour)]
 
 
 def remove() -> None:
@@ -67,7 +85,10 @@ def remove() -> None:
     Trainers created while patched keep working; they compile nothing once the patch is removed.
 
     """
+    _PatchOnImport.install([])
     for flavour in installed_flavours():
+        if flavour not in sys.modules:
+            continue
         trainer_cls = _trainer_cls(flavour)
         originals = dict(_originals(trainer_cls))
         for target, name, original in reversed(originals.pop(_FIXES_KEY, [])):
@@ -77,9 +98,53 @@ def remove() -> None:
 
 
 def is_applied(flavour: Optional[str] = None) -> bool:
-    """Whether ``flavour`` (by default, any installed flavour) is patched."""
+    """Whether ``flavour`` (by default, any installed flavour) is patched, or will be when it is imported."""
     flavours = [flavour] if flavour else installed_flavours()
-    return any(_originals(_trainer_cls(name)) for name in flavours)
+    return any(
+        _originals(_trainer_cls(name)) if name in sys.modules else name in _PatchOnImport.pending for name in flavours
+    )
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches a flavour right after its package is imported, wherever the import comes from."""
+
+    pending: tuple[str, ...] = ()
+
+    @classmethod
+    def install(cls, flavours: Sequence[str]) -> None:
+        """Watches for ``flavours`` (an empty list: for none, and leaves ``sys.meta_path``)."""
+        sys.meta_path[:] = [finder for finder in sys.meta_path if type(finder).__name__ != cls.__name__]
+        cls.pending = tuple(flavours)
+        if flavours:
+            sys.meta_path.insert(0, cls())
+
+    def find_spec(
+        self, fullname: str, path: Optional[Sequence[str]], target: Optional[types.ModuleType] = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname not in type(self).pending:
+            return None
+        spec = next(
+            (
+                found
+                for finder in sys.meta_path
+                if finder is not self and hasattr(finder, "find_spec")
+                for found in [finder.find_spec(fullname, path, target)]
+                if found is not None
+            ),
+            None,
+        )
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_then_patch(module: types.ModuleType) -> None:
+            exec_module(module)
+            type(self).pending = tuple(name for name in type(self).pending if name != fullname)
+            _patch_flavour(fullname)
+
+        loader.exec_module = exec_then_patch  # type: ignore[method-assign]
+        return spec
 
 
 def _trainer_cls(flavour: str) -> type:

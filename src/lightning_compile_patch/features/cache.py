@@ -234,3 +234,6 @@ class _Cache(_CompileFeature):
         save, self._save = self._save, None
         if save is not None:
             save()
+
+
+FEATURE = _Cache

@@ -86,3 +86,6 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
                     f"`Trainer(use_compile={{'options': {{{key!r}: {value!r}}}}})` must be of type"
                     f" `{type(settings[name]).__name__}`, like inductor's setting."
                 )
+
+
+FEATURE = _CompileArguments

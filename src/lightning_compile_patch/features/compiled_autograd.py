@@ -205,3 +205,6 @@ def _remove_reducer_hooks(wrapper: DistributedDataParallel) -> None:
 def _stop_inlining_ddp() -> None:
     trace_rules.LEGACY_MOD_INLINELIST.discard(_DDP_FILE)
     trace_rules.get_legacy_mod_inlinelist.cache_clear()
+
+
+FEATURE = _CompiledAutograd

@@ -155,3 +155,6 @@ def _failure_message(connector: _CompileConnector, error: BaseException, fallbac
         f"{message} Every module is left uncompiled. Pass `'fallback': 'eager'` in `use_compile` to continue"
         " uncompiled with a warning instead, or `use_compile=False` to leave compilation to Lightning."
     )
+
+
+FEATURE = _Fallback

@@ -110,3 +110,6 @@ class _LogDeferral(_CompileFeature):
         uninstall, self._uninstall = self._uninstall, None
         if uninstall is not None:
             uninstall()
+
+
+FEATURE = _LogDeferral

@@ -68,3 +68,6 @@ def _resolve(choice: Any, world_size: int, current: Any) -> Any:
     if current is not True:
         return current
     return world_size > 1
+
+
+FEATURE = _OptimizeDDP

@@ -340,3 +340,6 @@ class _Regions(_CompileFeature):
 
     def teardown(self, connector: _CompileConnector) -> None:
         self.summary_note = None
+
+
+FEATURE = _Regions

@@ -14,13 +14,14 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from types import FrameType
+from pathlib import Path
+from types import CodeType, FrameType
 from typing import Any, Callable, Optional
 
 import torch
-from torch._dynamo import convert_frame
+from torch._dynamo import convert_frame, utils
 from torch._dynamo.symbolic_convert import InstructionTranslator
-from torch._dynamo.utils import counters, get_compilation_metrics
+from torch._dynamo.utils import counters
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
@@ -61,6 +62,8 @@ class _CompileSummary:
     #: Steps that ran compiled code, and steps that ran none, by kind ("training", "evaluation").
     compiled_steps: dict[str, int] = field(default_factory=dict)
     eager_steps: dict[str, int] = field(default_factory=dict)
+    #: Why the eager steps ran eager: the number of steps for each cause.
+    eager_causes: dict[str, int] = field(default_factory=dict)
     #: Whether the run went on uncompiled after a compile error (``fallback="eager"``).
     fell_back: bool = False
     #: What other features say of the run (a feature's ``summary_note``), such as how regions were compiled.
@@ -95,27 +98,28 @@ class _CountingBackend:
             self.inner: Any = torch._TorchCompileInductorWrapper(mode, options, dynamic)
         else:
             self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
-        #: How often graphs ran, by the name of the compiled frame they were traced under (see `_root_frame`).
-        self.runs: dict[str, int] = {}
+        #: How often graphs ran: those of a step's own compiled code, and all of them (see `_own_graph`).
+        self.runs = {"own": 0, "all": 0}
         self.__name__ = getattr(self.inner, "compiler_name", "backend")
         #: The ``torch.compile`` arguments this backend stands for, as given.
         self.given = given
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
         compiled = self.inner(gm, example_inputs, **kwargs)
-        frame = _root_frame(InstructionTranslator.current_tx().f_code)
+        own = _own_graph(InstructionTranslator.current_tx().f_code)
         runs = self.runs
 
         def run(*args: Any) -> Any:
-            runs[frame] = runs.get(frame, 0) + 1
+            runs["all"] += 1
+            runs["own"] += own
             return compiled(*args)
 
         run._boxed_call = getattr(compiled, "_boxed_call", False)
         return run
 
-    def runs_of(self, step: str) -> int:
-        """How often graphs of ``step``'s frames ran: all of them for a module's call, which covers every frame."""
-        return sum(n for frame, n in self.runs.items() if step == "_call_impl" or step in frame)
+    def runs_of(self, module_call: bool) -> int:
+        """How often graphs of steps' own compiled code ran; every graph, for a module's call (it covers them all)."""
+        return self.runs["all" if module_call else "own"]
 
     def __getattr__(self, name: str) -> Any:  # `get_compiler_config`, `reset`, ... of the backend itself
         if "inner" not in self.__dict__:
@@ -131,21 +135,30 @@ class _CountingBackend:
 _OUTPUT_CODES: Any = getattr(convert_frame, "output_codes", ())
 
 
-def _root_frame(compiling: Any) -> str:
-    """The step a graph belongs to: the name of the outermost frame on the stack that runs code Dynamo compiled.
+#: Where the frames between a step's wrapper and its compiled code come from: torch's wrappers, and the features'.
+_PASS_THROUGH = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
+#: The code of the wrapper that `_CompileReport.timed` puts around each step.
+_STEP_WRAPPERS: set[CodeType] = set()
 
-    A graph break inside a function that the step calls (the model's ``forward``, a helper, a compiled region) makes
-    that function a frame of its own, whose name is not the step's. While the step's own frame runs compiled code, those
-    graphs are the step's. Where Dynamo skipped the step (after an error in it), they are not: the step ran eager.
+
+def _own_graph(compiling: CodeType) -> bool:
+    """Whether the frame Dynamo compiles now runs as part of a step's own compiled code.
+
+    It does if every frame between it and the step's wrapper runs compiled code (a graph break makes the rest of the
+    step, or a function the step calls, a frame of its own) or belongs to torch or the features. It does not if the
+    step itself ran eager (Dynamo skipped it after an error) and a function it calls was compiled on its own, such as
+    the model's ``forward``: a user's frame runs uncompiled in between.
 
     """
-    name = compiling.co_name
     frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
-        if frame.f_code in _OUTPUT_CODES:
-            name = frame.f_code.co_name
+        code = frame.f_code
+        if code in _STEP_WRAPPERS:
+            return True
+        if code is not compiling and code not in _OUTPUT_CODES and not code.co_filename.startswith(_PASS_THROUGH):
+            return False
         frame = frame.f_back
-    return name
+    return False
 
 
 #: One counting backend per configuration for the process: Dynamo keys compiled code on the backend object, so that
@@ -219,10 +232,10 @@ class _CompileReport:
         # user when it happens; the filter is removed in `finish`, which the run's teardown calls on every path
         logging.getLogger(_RECOMPILE_LIMIT_LOGGER).addFilter(self._watch)
 
-    def timed(self, compiled: Callable[..., Any], step: str) -> Callable[..., Any]:
+    def timed(self, compiled: Callable[..., Any], module_call: bool) -> Callable[..., Any]:
         """Wraps a compiled callable to announce the first compiled step of each kind, and how long it took.
 
-        It also counts the steps that ran compiled code of their own (``step``: the name of the method compiled).
+        It also counts the steps that ran compiled code of their own (any code, for a module's call).
 
         """
 
@@ -232,36 +245,43 @@ class _CompileReport:
                 self._announce_start(training)
             elif self._first_step[training] is not None:
                 self._announce_done(training)  # a training step ends after its backward: at the next call
-            runs = self.backend.runs_of(step) if self.backend is not None else 0
+            runs = self.backend.runs_of(module_call) if self.backend is not None else 0
             out = compiled(*args, **kwargs)
             if not training and self._first_step.get(training) is not None:
                 self._announce_done(training)
             if self.backend is not None:
-                self._count_step("training" if training else "evaluation", self.backend.runs_of(step) > runs)
+                self._count_step("training" if training else "evaluation", self.backend.runs_of(module_call) > runs)
             return out
 
+        _STEP_WRAPPERS.add(run.__code__)
         return run
 
     def _count_step(self, kind: str, compiled: bool) -> None:
         steps = self.summary.compiled_steps if compiled else self.summary.eager_steps
         steps[kind] = steps.get(kind, 0) + 1
-        if not compiled and not self._warned_eager and not self.fell_back():
+        if compiled:
+            return
+        cause, explanation = self._eager_cause()
+        self.summary.eager_causes[cause] = self.summary.eager_causes.get(cause, 0) + 1
+        if not self._warned_eager and not self.fell_back():
             self._warned_eager = True
             rank_zero_warn(
-                f"`use_compile`: a {kind} step ({self.summary.stage}) ran without compiled code: {self._eager_cause()}"
+                f"`use_compile`: a {kind} step ({self.summary.stage}) ran without compiled code: {explanation}"
                 " The run goes on uncompiled where this happens; the summary at the end counts such steps."
             )
 
-    def _eager_cause(self) -> str:
-        """Why a step ran eager, as far as the run can tell, and what to do."""
+    def _eager_cause(self) -> tuple[str, str]:
+        """Why a step ran eager, as far as the run can tell, and what to do: a short cause and the explanation."""
+        if self.fell_back():
+            return "fallback", "it fell back to eager after a compile error (`fallback='eager'`)."
         if self.summary.recompile_limit_hits:
-            return "it hit Dynamo's recompile limit (see the warning above)."
+            return "recompile limit", "it hit Dynamo's recompile limit (see the warning above)."
         if torch._dynamo.config.suppress_errors:
-            return (
+            return "suppressed error", (
                 "Dynamo failed to compile it and `torch._dynamo.config.suppress_errors` hid the error. Set it to"
                 " `False` to see the error."
             )
-        return (
+        return "skipped", (
             "Dynamo skipped its code, after an earlier error in this process or because of `torch.compiler.disable`."
             " Run with `TORCH_LOGS=graph_breaks,recompiles` to see why."
         )
@@ -300,7 +320,8 @@ class _CompileReport:
             if sources and new:
                 summary.expected_breaks += new
                 summary.expected_in |= sources
-        for metrics in get_compilation_metrics():
+        # torch 2.1 has no per-frame compilation metrics: the run then counts no recompiles and no compile time
+        for metrics in getattr(utils, "get_compilation_metrics", list)():
             if (metrics.start_time_us or 0) < self._start_us:
                 continue
             summary.recompiles += bool(metrics.cache_size)
@@ -347,7 +368,7 @@ class _RunSummary(_CompileFeature):
 
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable) -> Callable:
         assert self._report is not None
-        return self._report.timed(compiled, getattr(original, "__name__", "_call_impl"))
+        return self._report.timed(compiled, getattr(original, "__name__", None) == "_call_impl")
 
     def teardown(self, connector: _CompileConnector) -> None:
         if _RUNNING and _RUNNING[0] is connector:
@@ -355,3 +376,6 @@ class _RunSummary(_CompileFeature):
         report, self._report = self._report, None
         if report is not None:
             self.last_summary = report.finish()
+
+
+FEATURE = _RunSummary

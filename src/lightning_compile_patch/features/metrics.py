@@ -1,0 +1,52 @@
+"""torchmetrics under ``use_compile``: a metric is updated outside the compiled graph.
+
+A ``torchmetrics.Metric`` is bookkeeping, like ``self.log``: each call counts itself in a Python int
+(``_update_count``), caches its result and may sync across processes. Dynamo guards on that int, so a step that calls
+a metric recompiles at every step until it reaches the recompile limit, and runs eager from then on. For the run, the
+``forward``, ``update`` and ``compute`` of each metric in the model are compiler-disabled: the step's graph breaks
+around each metric call and is compiled once.
+
+"""
+
+import sys
+from typing import Any, Callable
+
+import torch
+
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
+
+_METHODS = ("forward", "update", "compute")
+
+
+class _Metrics(_CompileFeature):
+    """Keeps the metrics of the model out of the compiled graphs for the run."""
+
+    order = 15
+
+    def setup(self, connector: _CompileConnector) -> None:
+        if "torchmetrics" not in sys.modules:  # no metric can exist, and importing it would be slow
+            return
+        from torchmetrics import Metric
+
+        for metric in connector.trainer.lightning_module.modules():
+            if isinstance(metric, Metric):
+                connector.undo.append(_outside_graphs(metric))
+
+
+def _outside_graphs(metric: torch.nn.Module) -> Callable[[], None]:
+    """Compiler-disables ``metric``'s methods on the instance; returns the function that puts them back."""
+    shadowed: dict[str, Any] = {name: metric.__dict__[name] for name in _METHODS if name in metric.__dict__}
+    for name in _METHODS:
+        setattr(metric, name, torch.compiler.disable(getattr(metric, name)))
+
+    def restore() -> None:
+        for name in _METHODS:
+            if name in shadowed:
+                setattr(metric, name, shadowed[name])
+            else:
+                metric.__dict__.pop(name, None)
+
+    return restore
+
+
+FEATURE = _Metrics
