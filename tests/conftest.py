@@ -23,6 +23,7 @@ sys.path.insert(0, str(TESTS_DIR))
 
 if TARGET == "package":
     import lightning_compile_patch  # noqa: F401
+    import lightning.pytorch  # noqa: F401  # the patch imports no flavour; importing one sets variables (before the check)
 elif TARGET == "upstream":
     import inspect
 

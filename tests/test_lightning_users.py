@@ -92,7 +92,7 @@ def test_manual_optimization_may_run_the_backward_twice(caplog):
     _, eager = train_weights(None)
     trainer, compiled = train_weights(AOT_EAGER)  # donated buffers refuse the second backward
     assert compiled_and_eager(trainer) == ({"training": 3, "evaluation": 2}, {})
-    for expected, got in zip(eager, compiled):
+    for expected, got in zip(eager, compiled, strict=True):
         torch.testing.assert_close(got, expected)
     assert torch._functorch.config.donated_buffer  # back as it was
     assert "donated buffers (`torch._functorch.config.donated_buffer`) are off" in caplog.text

@@ -57,8 +57,9 @@ def test_new_files_are_the_package_modules_with_lightning_imports():
 
 
 def test_the_core_adds_at_most_250_lines_under_src():
+    number = len(series.CORE_STACK)
     for base_name in series.BASES:
-        core = next(iter(sorted(patchset.series_dir(base_name).glob("0001-*.patch")))).read_text()
+        core = next(iter(sorted(patchset.series_dir(base_name).glob(f"{number:04d}-*.patch")))).read_text()
         added = [
             line
             for path, section in patchset.split_sections(core)[1].items()
@@ -69,10 +70,21 @@ def test_the_core_adds_at_most_250_lines_under_src():
         assert len(added) <= 250, base_name
 
 
+def test_the_core_stack_is_two_fixes_then_the_core():
+    fixes, core = series.CORE_STACK[:-1], series.CORE_STACK[-1]
+    assert core is series.CORE
+    assert core.modules == ("features", "connector")
+    for fix in fixes:  # a fix of Lightning's own helpers, with its test, that can merge alone
+        assert fix.modules == ()
+        assert fix.subject.startswith("Fix ")
+        assert len(fix.tests) == 1
+        assert {type(edit).__name__ for edit in fix.edits} >= {"ReplaceDef"}
+
+
 def test_each_later_patch_adds_one_feature_module_and_edits_no_core_code():
     core_paths = {patchset.upstream_path("connector"), series.TRAINER, series.COMPILE_UTILS, series.STRATEGY}
     for base_name in series.BASES:
-        for patch in series.series(base_name)[1:]:
+        for patch in series.series(base_name)[len(series.CORE_STACK) :]:
             assert len(patch.modules) == 1
             assert patch.modules[0].startswith("features.")
             assert not {edit.path for edit in patch.edits} & core_paths, patch.subject
@@ -176,7 +188,7 @@ def test_a_series_that_does_not_apply_leaves_the_fork_unchanged(tmp_path):
 def test_every_rung_on_the_core_alone_leaves_importable_code(base_name, tmp_path):
     """The core with any one feature module, as a maintainer may take it, has no undefined or unused name."""
     pytest.importorskip("ruff")
-    for patch in series.series(base_name)[1:]:
+    for patch in series.series(base_name)[len(series.CORE_STACK) :]:
         folder = tmp_path / patch.modules[0]
         folder.mkdir()
         for module in ("connector", patch.modules[0]):

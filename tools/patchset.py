@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from upstream import package_module  # noqa: E402
-from upstream.series import BASES, InsertAfter, Patch, Replace, ReplaceDef, series  # noqa: E402
+from upstream.series import BASES, CORE_STACK, InsertAfter, Patch, Replace, ReplaceDef, series  # noqa: E402
 
 flavours = package_module("flavours")
 UPSTREAM_MODULES = flavours.UPSTREAM_MODULES
@@ -212,13 +212,14 @@ _UNKNOWN_BASE = "<the base lacks this file>"
 def patch_sections(base: Base, base_name: str) -> Iterator[tuple[Patch, dict[str, str]]]:
     """For each patch of the ladder, its file sections by path.
 
-    On ``master`` every later patch is made on 0001 alone, so that it applies there without the others; on ``2.6.6``
-    each patch is made on the one before, for a plain ``git am`` of the whole ladder.
+    On ``master`` every later patch is made on the core stack alone, so that it applies there without the others; on
+    ``2.6.6`` each patch is made on the one before, for a plain ``git am`` of the whole ladder.
     """
     state: dict[str, str] = {}
     core_state: dict[str, str] = {}
+    core_size = len(CORE_STACK)
     for index, patch in enumerate(series(base_name)):
-        if index and base_name == "master":
+        if index >= core_size and base_name == "master":
             state = dict(core_state)
         sections: dict[str, str] = {}
         for module in patch.modules:
@@ -239,7 +240,7 @@ def patch_sections(base: Base, base_name: str) -> Iterator[tuple[Patch, dict[str
                     after = apply_edit(after, edit)
             sections[path] = file_diff(path, before, after)
             state[path] = after
-        if index == 0:
+        if index == core_size - 1:
             core_state = dict(state)
         yield patch, sections
 

@@ -1,10 +1,8 @@
 """``Trainer(use_compile=...)``: compile what the strategy runs, after the strategy has wrapped the model.
 
-The Trainer calls the connector when it is built (the value is checked), in ``fit``/``validate``/``test``/``predict``
-(``unwrap`` a compiled model), at the start of ``_run`` (``on_run_start``), right after ``strategy.setup``
-(``compile``: in place, so the wrapper keeps its type and the state-dict keys), and in ``_teardown``. Features beyond
-this core are the modules of ``compile_features``: each names its :class:`_CompileFeature` as ``FEATURE``, and is
-imported only when a Trainer compiles.
+The Trainer calls the connector when it is built, in ``fit``/``validate``/``test``/``predict`` (``unwrap``), at the
+start of ``_run``, right after ``strategy.setup`` (``compile``, in place) and in ``_teardown``. Each module of
+``compile_features`` names a :class:`_CompileFeature` as ``FEATURE``, imported only when a Trainer compiles.
 
 """
 
@@ -24,7 +22,6 @@ import lightning.pytorch as pl
 import lightning_compile_patch.features as compile_features
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_2
 from lightning.fabric.wrappers import _unwrap_compiled
-from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
@@ -32,11 +29,9 @@ _USE_COMPILE = Optional[Union[bool, dict[str, Any]]]
 
 
 class _CompileFeature:
-    """A feature of ``use_compile`` beyond the core: it owns ``keys`` of the dict and hooks into each compiled run.
+    """A feature beyond the core: built with the ``use_compile`` dict (raising on a bad value), it owns ``keys`` of it.
 
-    Built in ``Trainer.__init__`` with the dict, it raises there on a bad value. The hooks run by ascending ``order``
-    (``wrap`` nests the lowest innermost), ``teardown`` in reverse, on every path, even if ``setup`` did not run.
-
+    Hooks run by ascending ``order`` (``wrap`` nests the lowest innermost), ``teardown`` in reverse, on every path.
     """
 
     #: The keys of the ``use_compile`` dict this feature owns, each with a one-line description for error messages.
@@ -64,24 +59,19 @@ class _CompileFeature:
 
 
 class _CompileConnector:
-    """Owns ``Trainer(use_compile=...)``: whether the model is compiled after the wrap, and with which arguments.
-
-    ``None``: a ``torch.compile``-d model, with its own arguments; ``False``: never; ``True`` or a dict: every model.
-
-    """
+    """Compiles after the wrap: with ``None`` a compiled model passed in, with ``True`` or a dict every model."""
 
     def __init__(self, trainer: "pl.Trainer", use_compile: _USE_COMPILE) -> None:
         self.trainer = trainer
         self.use_compile = use_compile
         self.enabled = use_compile is not None and use_compile is not False  # compile every model after the wrap
-        if self.enabled and not _TORCH_GREATER_EQUAL_2_2:
+        if self.enabled and not _TORCH_GREATER_EQUAL_2_2:  # `nn.Module.compile` compiles a wrapper in place
             raise RuntimeError(
-                f"`Trainer(use_compile=...)` needs torch 2.2 or newer (it compiles the strategy's wrapper in place with"
-                f" `nn.Module.compile`), but torch {torch.__version__} is installed. Upgrade torch, or remove"
-                " `use_compile`."
+                f"`Trainer(use_compile=...)` needs torch 2.2 or newer, but torch {torch.__version__} is installed."
+                " Upgrade torch, or remove `use_compile`."
             )
         self.features: list[_CompileFeature] = []
-        self.compile_kwargs: dict[str, Any] = {}
+        self.compile_kwargs: dict[str, Any] = {}  # of `torch.compile`, from the dict
         if self.enabled:
             self._build_features(use_compile)
         self.run_kwargs: Optional[dict[str, Any]] = None  # of the run in progress; None: it compiles nothing
@@ -90,7 +80,6 @@ class _CompileConnector:
         self.undo: list[Callable[[], Any]] = []  # what this run compiled, to undo latest first
 
     def _build_features(self, use_compile: _USE_COMPILE) -> None:
-        """Checks the value, with the keys of every feature, and builds the features, which check theirs."""
         features = _feature_classes()
         options = _parse_use_compile(use_compile, {key: d for f in features for key, d in f.keys.items()})
         self.compile_kwargs = {key: value for key, value in options.items() if key in _torch_compile_keys()}
@@ -110,13 +99,9 @@ class _CompileConnector:
         self._input_kwargs = None
         if not isinstance(model, OptimizedModule) or self.use_compile is False or not _TORCH_GREATER_EQUAL_2_2:
             return model
-        if not self.enabled and not _supports_compile(self.trainer.strategy):
-            return model  # Lightning refuses a compiled model under this strategy, with its own error
+        _verify_strategy_supports_compile(None, self.trainer.strategy)  # where Lightning checks a compiled model
         if not self.enabled and getattr(model, "_compile_kwargs", None) is None:
-            rank_zero_warn(
-                "The arguments of the model's `torch.compile` call are unknown (it was compiled before `lightning` was"
-                " imported), so it cannot be compiled again after the strategy wraps it. Import `lightning` first."
-            )
+            rank_zero_warn("The model was compiled before `lightning` was imported: it is not compiled after the wrap.")
             return model
         module, compile_kwargs = _unwrap_compiled(model)
         if self.enabled:
@@ -151,8 +136,7 @@ class _CompileConnector:
             return
         for feature in self._active:
             feature.setup(self)
-        module = self.trainer.lightning_module
-        wrapper = self.trainer.strategy.model
+        module, wrapper = self.trainer.lightning_module, self.trainer.strategy.model
         assert wrapper is not None
         if wrapper is not module:
             # DDP, FSDP: the strategy calls every step through the wrapper's forward, so one compiled call covers the
@@ -162,10 +146,9 @@ class _CompileConnector:
             self.undo.append(lambda: setattr(wrapper, "_compiled_call_impl", None))
             return
         # no wrapper (one device, or a stage without one): the strategy calls the step methods directly
-        given = module.__dict__.get("_compile_kwargs")  # of a compiled model passed in
+        given = module.__dict__.get("_compile_kwargs")  # torch keeps the compiled input's arguments on the module
         from_compiled(torch.compile(module, **self.run_kwargs))  # type: ignore[arg-type]
-        if given is not None:  # torch's wrapper stores Lightning's record of the arguments on the module: keep the user's
-            module._compile_kwargs = given
+        module.__dict__.update({"_compile_kwargs": given} if given is not None else {})
         self.undo.append(lambda: to_uncompiled(module))
         assert module._compiler_ctx is not None
         for name in ("training_step", "validation_step", "test_step", "predict_step"):
@@ -174,19 +157,10 @@ class _CompileConnector:
                 setattr(module, name, self.wrap(getattr(module, name), original))
 
     def wrap(self, compiled: Callable, original: Callable) -> Callable:
-        """The features' wrappers around ``compiled``, which shows ``original``'s name and signature.
-
-        Lightning reads a step's signature to decide what to pass it (``batch_idx``, ``dataloader_idx``).
-
-        """
+        """The features' wrappers around ``compiled``; it shows ``original``'s signature, which Lightning reads."""
         for feature in self._active:
             compiled = feature.wrap(self, compiled, original)
-
-        @functools.wraps(original, updated=())
-        def step(*args: Any, **kwargs: Any) -> Any:
-            return compiled(*args, **kwargs)
-
-        return step
+        return functools.update_wrapper(functools.partial(compiled), original, updated=())
 
     def uncompile(self) -> None:
         while self.undo:
@@ -198,14 +172,6 @@ class _CompileConnector:
             for feature in active:
                 stack.callback(feature.teardown, self)
             stack.callback(self.uncompile)
-
-
-def _supports_compile(strategy: Strategy) -> bool:
-    try:
-        _verify_strategy_supports_compile(None, strategy)
-    except RuntimeError:
-        return False
-    return True
 
 
 @functools.cache

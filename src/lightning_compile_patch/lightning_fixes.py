@@ -110,18 +110,15 @@ def to_uncompiled(model: Union["pl.LightningModule", "torch._dynamo.OptimizedMod
 
 def _verify_strategy_supports_compile(model: Optional["pl.LightningModule"], strategy: Strategy) -> None:
     """Raises if ``model`` is compiled, or is to be compiled (``None``), and ``strategy`` cannot run it compiled."""
-    if model is not None and model._compiler_ctx is None:
-        return
-    supported_strategies = (SingleDeviceStrategy, DDPStrategy, FSDPStrategy, ModelParallelStrategy)
-    if isinstance(strategy, supported_strategies) and not isinstance(strategy, DeepSpeedStrategy):
-        return
-    supported_strategy_names = ", ".join(s.__name__ for s in supported_strategies)
-    what, avoid = ("a compiled model", "passing in compiled model") if model else ("`use_compile`", "`use_compile`")
-    raise RuntimeError(
-        f"Using {what} is incompatible with the current strategy: `{type(strategy).__name__}`."
-        f" Only {supported_strategy_names} support compilation. Either switch to one of the supported"
-        f" strategies or avoid {avoid}."
-    )
+    if model is None or model._compiler_ctx is not None:
+        supported_strategies = (SingleDeviceStrategy, DDPStrategy, FSDPStrategy, ModelParallelStrategy)
+        if not isinstance(strategy, supported_strategies) or isinstance(strategy, DeepSpeedStrategy):
+            supported_strategy_names = ", ".join(s.__name__ for s in supported_strategies)
+            raise RuntimeError(
+                f"Using a compiled model is incompatible with the current strategy: `{type(strategy).__name__}`."
+                f" Only {supported_strategy_names} support compilation. Either switch to one of the supported"
+                " strategies or avoid passing in compiled model and `Trainer(use_compile=...)`."
+            )
 
 
 class _ForwardRedirection:

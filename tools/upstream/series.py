@@ -1,13 +1,14 @@
 """The upstream ladder: what each patch adds to, and changes in, Lightning's tree, for each base.
 
-Patch 0001 is the core (``connector``); every later patch is one feature module (``features/<name>.py``) with its
-tests, docs section and CHANGELOG line, and needs only 0001. New source files are the package's Lightning-side modules
+The core stack comes first: two fixes of Lightning's own compile helpers, each of which can merge alone, then the core
+(``connector``). Every later patch is one feature module (``features/<name>.py``) with its tests, docs section and
+CHANGELOG line, and needs only the core stack. New source files are the package's Lightning-side modules
 (``flavours.UPSTREAM_MODULES``); what is listed here are the edits of Lightning's own files, each an exact text
 replacement, so that a change in Lightning is noticed rather than patched around.
 
 Two bases: ``2.6.6`` (forks of the release; each patch is made on the previous one, for a plain ``git am``) and
-``master`` (the PR; each later patch is made on 0001 alone, and the edits of a shared file sit at anchors of their
-own, so that ``git am -3`` takes any subset in order).
+``master`` (the PR; each later patch is made on the core stack alone, and the edits of a shared file sit at anchors of
+their own, so that ``git am -3`` takes any subset in order).
 
 """
 
@@ -105,6 +106,24 @@ _MASTER_ADDED = (
 )
 
 
+#: On master, the CHANGELOG line of a later patch that fixes what a compiled model did before goes after one of these.
+_MASTER_FIXED = (
+    "- Fixed crash when calling ``self.log()`` inside a ``torch.compile``-wrapped",
+    "- Fixed PyTorch Lightning profiler not capturing dataloader worker initialization time",
+    "- Fixed non-zero process exits in `CombinedLoader.reset()`",
+    "- Fixed `SIGTERMException` producing a zero exit code",
+    "- fixed AccumulateGrad stream mismatch warning",
+)
+
+
+def _changelog_fixed(entry: str, slot: int) -> tuple["InsertAfter", ...]:
+    """The ``Fixed`` line of a later patch: first under ``Fixed`` on 2.6.6, after master's entry ``slot`` on master."""
+    return (
+        InsertAfter(CHANGELOG, "### Fixed", f"\n{entry}\n", bases=("2.6.6",)),
+        InsertAfter(CHANGELOG, _MASTER_FIXED[slot], f"\n{entry}\n", bases=("master",)),
+    )
+
+
 def _changelog_added(entry: str, slot: int) -> tuple[Replace, ...]:
     """The CHANGELOG line of a later patch: first under ``Added`` on 2.6.6, after master's entry ``slot`` on master."""
     return (
@@ -139,10 +158,57 @@ _LIMITATION_DDP = (
     " `Apply torch.compile in configure_model`_ above.\n"
 )
 
-_FIXED = (
-    "- Fixed `to_uncompiled` leaving the step methods behind as instance attributes, and `_ForwardRedirection` leaving"
-    " `forward` patched when the wrapped call raises; the strategy check for compiled models now refuses `XLAStrategy`"
-    f" and accepts `ModelParallelStrategy` {ISSUE}"
+_FIXED_REDIRECTION = (
+    "- Fixed `_ForwardRedirection` leaving the LightningModule's `forward` patched when the wrapped call raises, so"
+    f" that the next call of `forward` ran a step method {ISSUE}"
+)
+_FIXED_UNCOMPILED = (
+    "- Fixed `from_compiled` raising for a LightningModule with a step set to `None`, and `to_uncompiled` leaving"
+    f" the step methods behind as instance attributes {ISSUE}"
+)
+_FIXED_CORE = (
+    f"- Fixed a `torch.compile`-d model being refused under `ModelParallelStrategy`, which can run it compiled {ISSUE}"
+)
+
+FIX_FORWARD_REDIRECTION = Patch(
+    subject="Fix `_ForwardRedirection` leaving `forward` patched when the wrapped call raises",
+    body="""\
+`_ForwardRedirection` patches the LightningModule's `forward` to reroute the wrapper's (DDP's,
+FSDP's) forward to a step method, and unpatches it from inside the patched `forward`. When the
+wrapper's call raises before it gets there (a compile error, a hook that raises, an interrupt), the
+module kept the patched `forward`, and its next call ran the step method instead. It is now
+restored in a `finally`.""",
+    modules=(),
+    tests=("tests_pytorch/strategies/test_forward_redirection.py",),
+    edits=(
+        ReplaceDef(STRATEGY, "__call__", cls="_ForwardRedirection"),
+        Replace(
+            CHANGELOG,
+            "### Removed\n\n-\n\n### Fixed\n\n-\n",
+            f"### Removed\n\n-\n\n### Fixed\n\n{_FIXED_REDIRECTION}\n",
+            bases=("2.6.6",),
+        ),
+        InsertAfter(CHANGELOG, _MASTER_FIXED[2], f"\n{_FIXED_REDIRECTION}\n", bases=("master",)),
+    ),
+)
+
+FIX_UNCOMPILED = Patch(
+    subject="Fix `from_compiled` with a step set to `None`, and `to_uncompiled` leaving bound methods behind",
+    body="""\
+Setting a step to `None` (`model.validation_step = None`) is how a loop is turned off, and
+`from_compiled` raised on it ("A callable function is expected"), so such a model could not be
+passed to the Trainer compiled. It now compiles only the steps that are callable.
+
+`to_uncompiled` put each original step back as an instance attribute holding a bound method: the
+module then pickled the bound methods, and a method patched on its class later was ignored. A step
+that is the class's own method is now removed from the instance instead.""",
+    modules=(),
+    tests=("tests_pytorch/utilities/test_compile_round_trip.py",),
+    edits=(
+        ReplaceDef(COMPILE_UTILS, "from_compiled"),
+        ReplaceDef(COMPILE_UTILS, "to_uncompiled"),
+        *_changelog_fixed(_FIXED_UNCOMPILED, 3),
+    ),
 )
 
 CORE = Patch(
@@ -162,13 +228,16 @@ With the default `use_compile=None`, a compiled model passed to `fit` is unwrapp
 `_unwrap_compiled` and compiled again with the same arguments after the wrap, as Fabric does (as
 suggested when #20269 was closed). `use_compile=False` keeps the previous behavior.
 
-Features beyond this core are modules of `trainer/connectors/compile_features/`, each one
-`_CompileFeature` found by the connector; this patch adds none. It sets no process-wide state.
+Each step keeps its signature (Lightning reads it to decide what to pass), a step set to `None`
+stays off, and each step function compiles once per Trainer across stages: evaluation runs under
+`torch.no_grad` rather than `torch.inference_mode` while compiling, since inference tensors would
+compile each evaluation step a second time. `use_compile` needs torch 2.2 (`nn.Module.compile`) and
+is refused at `Trainer(...)` before that; with `None`, a compiled model then runs as before.
 
-Fixes of the helpers it reuses: `to_uncompiled` no longer leaves bound methods behind as instance
-attributes, `_ForwardRedirection` restores `forward` when the wrapper's call raises, and
-`_verify_strategy_supports_compile` accepts `ModelParallelStrategy`, refuses `XLAStrategy`, and
-can check a strategy for a model that is yet to be compiled.""",
+Features beyond this core are modules of `trainer/connectors/compile_features/`, each naming its
+`_CompileFeature` as `FEATURE`, imported only when a Trainer compiles; this patch adds none. It
+sets no process-wide state. `_verify_strategy_supports_compile` now accepts
+`ModelParallelStrategy` and can check a strategy for a model that is yet to be compiled.""",
     modules=("features", "connector"),
     tests=("tests_pytorch/trainer/test_trainer_use_compile.py",),
     edits=(
@@ -246,13 +315,10 @@ can check a strategy for a model that is yet to be compiled.""",
             " SingleDeviceStrategy, Strategy\n",
             "from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy,"
             " SingleDeviceStrategy, Strategy\n"
-            "from lightning.pytorch.strategies.model_parallel import ModelParallelStrategy\n"
-            "from lightning.pytorch.strategies.xla import XLAStrategy\n",
+            "from lightning.pytorch.strategies.model_parallel import ModelParallelStrategy\n",
         ),
         Replace(COMPILE_UTILS, "from typing import Union\n", "from typing import Optional, Union\n"),
-        ReplaceDef(COMPILE_UTILS, "to_uncompiled"),
         ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
-        ReplaceDef(STRATEGY, "__call__", cls="_ForwardRedirection"),
         Replace(
             CHANGELOG,
             f"{_UNRELEASED}-\n",
@@ -270,22 +336,15 @@ can check a strategy for a model that is yet to be compiled.""",
         Replace(
             CHANGELOG,
             "### Changed\n\n-\n",
-            "### Changed\n\n- A `torch.compile`-d model passed to the Trainer is now unwrapped and compiled again with"
-            " the same arguments after the strategy wraps it, so its `forward` is no longer compiled on its own;"
-            f" `Trainer(use_compile=False)` keeps the previous behavior {ISSUE}\n",
+            "### Changed\n\n- A `torch.compile`-d model passed to the Trainer is now unwrapped when it is passed in and"
+            " compiled again with the same arguments after the strategy wraps it, so its `forward` is no longer"
+            " compiled on its own and no method of it is left compiled after the run; under a strategy that cannot run"
+            " it compiled, the same error as before is raised; `Trainer(use_compile=False)` keeps the previous"
+            f" behavior {ISSUE}\n\n"
+            "- While the Trainer compiles, evaluation and prediction run under `torch.no_grad` instead of"
+            f" `torch.inference_mode`, so that each step compiles once across stages {ISSUE}\n",
         ),
-        Replace(
-            CHANGELOG,
-            "### Removed\n\n-\n\n### Fixed\n\n-\n",
-            f"### Removed\n\n-\n\n### Fixed\n\n{_FIXED}\n",
-            bases=("2.6.6",),
-        ),
-        Replace(
-            CHANGELOG,
-            "### Removed\n\n-\n\n### Fixed\n\n",
-            f"### Removed\n\n-\n\n### Fixed\n\n{_FIXED}\n\n",
-            bases=("master",),
-        ),
+        *_changelog_fixed(_FIXED_CORE, 4),
         Replace(
             TRAINER_DOCS,
             "use_distributed_sampler\n^^^^^^^^^^^^^^^^^^^^^^^\n",
@@ -461,7 +520,50 @@ single device are refused when the Trainer is built.""",
     6,
 )
 
+METRICS = Patch(
+    subject="Keep torchmetrics out of the graphs compiled by `Trainer(use_compile=...)`",
+    body="""\
+A `torchmetrics.Metric` counts its updates in a Python int (`_update_count`), which Dynamo guards
+on, so a step that calls a metric recompiles at every step until it reaches the recompile limit,
+and runs uncompiled from then on: a torchmetrics user got an uncompiled validation loop. For the
+run, the `forward`, `update` and `compute` of each metric of the model are compiler-disabled on the
+instance (a graph break at each call, one compile) and put back when the run ends.""",
+    modules=("features.metrics",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_metrics.py",),
+    edits=(
+        InsertAfter(COMPILE_DOCS, "If you still see recompilation issues after dealing", _doc("metrics")),
+        *_changelog_fixed(
+            "- Fixed a step that calls a `torchmetrics` metric recompiling at every step under `torch.compile`, until"
+            f" the recompile limit made it run uncompiled {ISSUE}",
+            0,
+        ),
+    ),
+)
+
+MANUAL_OPTIMIZATION = Patch(
+    subject="Let manual optimization run the backward twice under `Trainer(use_compile=...)`",
+    body="""\
+AOTAutograd donates the buffers a compiled backward saves, and then refuses a second backward
+through the same graph: `retain_graph=True`, a closure that calls `manual_backward` again, or
+several optimizers stepped from one loss stop with "compiled with non-empty donated buffers". For
+the runs of a model with `automatic_optimization = False`, `torch._functorch.config.donated_buffer`
+is set to `False` (process-wide, read when a backward is compiled during the run) and restored when
+the run ends, on every path; the Trainer says so once.""",
+    modules=("features.manual_optimization",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_manual_optimization.py",),
+    edits=(
+        InsertAfter(COMPILE_DOCS, "For a thorough troubleshooting guide, see", _doc("manual_optimization")),
+        *_changelog_fixed(
+            "- Fixed manual optimization that runs the backward twice through one graph (`retain_graph=True`) failing"
+            f" with donated buffers under `torch.compile` {ISSUE}",
+            1,
+        ),
+    ),
+)
+
 SERIES: tuple[Patch, ...] = (
+    FIX_FORWARD_REDIRECTION,
+    FIX_UNCOMPILED,
     CORE,
     COMPILE_ARGUMENTS,
     LOG_DEFERRAL,
@@ -471,7 +573,13 @@ SERIES: tuple[Patch, ...] = (
     REGIONS,
     CACHE,
     COMPILED_AUTOGRAD,
+    METRICS,
+    MANUAL_OPTIMIZATION,
 )
+
+
+#: The patches up to and including the core: every later patch applies on them alone.
+CORE_STACK = SERIES[: SERIES.index(CORE) + 1]
 
 
 def series(base: str) -> tuple[Patch, ...]:

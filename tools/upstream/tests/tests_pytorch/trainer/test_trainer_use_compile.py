@@ -18,16 +18,16 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tests_pytorch.helpers.runif import RunIf
 
 _TRAINER_KWARGS = {
     "max_epochs": 1,
     "limit_train_batches": 2,
-    "limit_val_batches": 1,
-    "limit_test_batches": 1,
-    "limit_predict_batches": 1,
+    "limit_val_batches": 2,
+    "limit_test_batches": 2,
+    "limit_predict_batches": 2,
     "num_sanity_val_steps": 0,
     "logger": False,
     "enable_checkpointing": False,
@@ -51,40 +51,52 @@ class LoggingModel(BoringModel):
 
 
 class CountingBackend:
-    """Runs the graphs eagerly and counts them."""
+    """Runs the graphs eagerly, and counts the graphs it compiled and how often they ran."""
 
-    graphs = 0
+    def __init__(self):
+        self.graphs = 0
+        self.calls = 0
 
     def __call__(self, gm, example_inputs):
-        CountingBackend.graphs += 1
-        return gm.forward
+        self.graphs += 1
+
+        def run(*args):
+            self.calls += 1
+            return gm.forward(*args)
+
+        return run
+
+    def __deepcopy__(self, memo):
+        return self  # Lightning keeps a deep copy of the arguments of `torch.compile`
 
 
-class CompiledState(Callback):
-    def __init__(self):
-        self.seen = {}
+class GraphCallsPerStep(Callback):
+    """How many compiled graphs each batch of each stage ran (a step that ran no compiled code shows 0)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.calls = {}
+        self.wrapper_types = {}
+
+    def _start(self, trainer):
+        self._before = self.backend.calls
+        self.wrapper_types.setdefault(trainer.state.stage.value, type(trainer.strategy.model))
+
+    def _end(self, trainer):
+        self.calls.setdefault(trainer.state.stage.value, []).append(self.backend.calls - self._before)
 
     def on_train_batch_start(self, trainer, *_):
-        self.seen.setdefault("train", self._state(trainer))
+        self._start(trainer)
 
-    def on_validation_batch_start(self, trainer, *_):
-        self.seen.setdefault(trainer.state.fn.value, self._state(trainer))
+    def on_train_batch_end(self, trainer, *_):
+        self._end(trainer)
 
-    def on_test_batch_start(self, trainer, *_):
-        self.seen.setdefault("test", self._state(trainer))
+    on_validation_batch_start = on_test_batch_start = on_predict_batch_start = on_train_batch_start
+    on_validation_batch_end = on_test_batch_end = on_predict_batch_end = on_train_batch_end
 
-    def on_predict_batch_start(self, trainer, *_):
-        self.seen.setdefault("predict", self._state(trainer))
 
-    @staticmethod
-    def _state(trainer):
-        module, model = trainer.lightning_module, trainer.strategy.model
-        steps = {"training_step", "validation_step", "test_step", "predict_step"}
-        return {
-            "type": type(model),
-            "wrapper_compiled": model is not module and model._compiled_call_impl is not None,
-            "compiled_steps": sorted(steps & set(module.__dict__)),
-        }
+def _weights(model):
+    return [p.detach().clone() for p in model.parameters()]
 
 
 @RunIf(dynamo=True)
@@ -107,44 +119,88 @@ def test_use_compile_rejects_bad_input_at_construction(use_compile, error, match
         Trainer(use_compile=use_compile)
 
 
-@RunIf(dynamo=True)
+@RunIf(max_torch="2.2")
+def test_use_compile_needs_torch_2_2():
+    with pytest.raises(RuntimeError, match=r"needs torch 2\.2 or newer"):
+        Trainer(use_compile=True)
+
+
+@RunIf(deepspeed=True)
+def test_use_compile_refuses_a_strategy_that_cannot_run_compiled():
+    with pytest.raises(RuntimeError, match="incompatible with the current strategy: `DeepSpeedStrategy`"):
+        Trainer(strategy="deepspeed", use_compile=True, accelerator="cpu")
+
+
+@RunIf(min_torch="2.2", dynamo=True)
 @pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
-def test_use_compile_compiles_after_the_strategy_wraps(tmp_path, strategy):
-    state = CompiledState()
-    model = LoggingModel()
+def test_use_compile_runs_every_step_compiled_after_the_strategy_wraps(tmp_path, strategy):
+    seed_everything(1)
+    eager_model = LoggingModel()
+    Trainer(default_root_dir=tmp_path, strategy=strategy, **_TRAINER_KWARGS).fit(eager_model)
+
+    seed_everything(1)
+    model, backend = LoggingModel(), CountingBackend()
+    calls = GraphCallsPerStep(backend)
     trainer = Trainer(
         default_root_dir=tmp_path,
         strategy=strategy,
-        use_compile={"backend": "eager"},
-        callbacks=[state],
+        use_compile={"backend": backend},
+        callbacks=[calls],
         **_TRAINER_KWARGS,
     )
     trainer.fit(model)
-    all_steps = ["predict_step", "test_step", "training_step", "validation_step"]
+    # every step ran compiled code; under DDP, through the wrapper, which keeps its type
+    assert all(calls.calls["train"])
+    assert all(calls.calls["validate"])
     if strategy == "ddp":
-        assert state.seen["train"]["type"] is DistributedDataParallel
-        assert state.seen["train"]["wrapper_compiled"]
-        assert state.seen["train"]["compiled_steps"] == []
-    else:
-        assert state.seen["train"]["compiled_steps"] == all_steps
-    assert set(trainer.callback_metrics) == {"train_loss", "val_loss"}
+        assert calls.wrapper_types["train"] is DistributedDataParallel
+    for expected, actual in zip(_weights(eager_model), _weights(model), strict=True):
+        torch.testing.assert_close(actual, expected)
 
-    # outside of fit, the strategy calls the step methods directly
+    # outside of fit, the strategy calls the step methods directly: those run compiled
     trainer.validate(model)
     trainer.test(model)
     trainer.predict(model)
-    assert state.seen["validate"]["compiled_steps"] == all_steps
-    assert state.seen["test"]["compiled_steps"] == all_steps
-    assert state.seen["predict"]["compiled_steps"] == all_steps
+    assert all(calls.calls["test"])
+    assert all(calls.calls["predict"])
 
-    # everything is undone after each run: no instance attribute is left behind, and the model pickles
-    assert not set(model.__dict__) & {"forward", *all_steps, "log"}
-    assert all(m._compiled_call_impl is None for m in model.modules())
-    assert model._compiler_ctx is None
+    # after the run the model is plain again: its own methods, and it pickles
+    assert model.training_step.__func__ is LoggingModel.training_step
+    assert model.forward.__func__ is BoringModel.forward
     pickle.dumps(model)
 
 
-@RunIf(dynamo=True)
+@RunIf(min_torch="2.2", dynamo=True)
+@pytest.mark.parametrize("compiled_input", [False, True])
+def test_use_compile_compiles_each_step_once_across_stages(tmp_path, compiled_input):
+    model, backend = BoringModel(), CountingBackend()
+    given = torch.compile(model, backend=backend) if compiled_input else model
+    use_compile = None if compiled_input else {"backend": backend}
+    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **_TRAINER_KWARGS)
+    trainer.fit(given)
+    assert backend.graphs == 2  # the training and the validation step
+    trainer.validate(given)
+    assert backend.graphs == 2  # the validation step compiled while fitting runs again, not recompiled
+    trainer.test(given)
+    trainer.predict(given)
+    assert backend.graphs == 4
+
+
+@RunIf(min_torch="2.2", dynamo=True)
+def test_use_compile_passes_what_the_step_signature_takes(tmp_path):
+    class NoBatchIdx(BoringModel):
+        def training_step(self, batch):
+            return super().training_step(batch, 0)
+
+    model, backend = NoBatchIdx(), CountingBackend()
+    model.validation_step = None  # turns validation off
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": backend}, **_TRAINER_KWARGS)
+    trainer.fit(model)
+    assert backend.calls == 2
+    assert model.validation_step is None
+
+
+@RunIf(min_torch="2.2", dynamo=True)
 def test_use_compile_sets_no_process_wide_state(tmp_path):
     import os
 
@@ -159,58 +215,27 @@ def test_use_compile_sets_no_process_wide_state(tmp_path):
     assert dict(os.environ) == environ_before
 
 
-@RunIf(dynamo=True)
-def test_forward_redirection_restores_forward_when_the_call_raises():
-    from lightning.pytorch.strategies.strategy import _ForwardRedirection
-
-    class Failing(torch.nn.Module):
-        def __init__(self, module):
-            super().__init__()
-            self.module = module
-
-        def forward(self, *args):
-            raise RuntimeError("the wrapper failed")
-
-    model = BoringModel()
-    with pytest.raises(RuntimeError, match="the wrapper failed"):
-        _ForwardRedirection()(Failing(model), model, "training_step", torch.randn(2, 32), 0)
-    assert model.forward == BoringModel.forward.__get__(model)
-    out = model(torch.randn(2, 32))  # the real forward, not the redirected training_step
-    assert out.shape == (2, 2)
-
-
-def test_to_uncompiled_leaves_no_instance_attributes():
-    from lightning.pytorch.utilities.compile import from_compiled, to_uncompiled
-
-    model = BoringModel()
-    to_uncompiled(from_compiled(torch.compile(model, backend="eager")))
-    assert not {"forward", "training_step", "validation_step", "test_step", "predict_step"} & set(model.__dict__)
-    assert model._compiler_ctx is None
-
-
-@RunIf(dynamo=True)
-def test_use_compile_none_recompiles_a_compiled_model_after_the_wrap(tmp_path):
-    CountingBackend.graphs = 0
-    state = CompiledState()
-    compiled = torch.compile(LoggingModel(), backend=CountingBackend())
-    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[state], **_TRAINER_KWARGS)
+@RunIf(min_torch="2.2", dynamo=True, skip_windows=True)
+def test_use_compile_none_compiles_a_compiled_model_again_after_the_wrap(tmp_path):
+    model, backend = LoggingModel(), CountingBackend()
+    compiled = torch.compile(model, backend=backend)
+    calls = GraphCallsPerStep(backend)
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[calls], **_TRAINER_KWARGS)
     trainer.fit(compiled)
-    assert state.seen["train"]["wrapper_compiled"]
-    assert CountingBackend.graphs > 0
-    assert compiled._orig_mod._compiler_ctx is None
+    assert calls.wrapper_types["train"] is DistributedDataParallel
+    assert all(calls.calls["train"])
+    assert compiled(torch.randn(2, 32)).shape == (2, 2)  # the compiled model passed in still works
 
 
 @RunIf(dynamo=True)
 def test_use_compile_false_keeps_the_default_behavior(tmp_path):
-    state = CompiledState()
     compiled = torch.compile(BoringModel(), backend="eager")
-    trainer = Trainer(default_root_dir=tmp_path, use_compile=False, callbacks=[state], **_TRAINER_KWARGS)
+    trainer = Trainer(default_root_dir=tmp_path, use_compile=False, **_TRAINER_KWARGS)
     trainer.fit(compiled)
-    assert not state.seen["train"]["wrapper_compiled"]
     assert trainer.lightning_module._compiler_ctx["compiler"] == "dynamo"
 
 
-@RunIf(dynamo=True)
+@RunIf(min_torch="2.2", dynamo=True)
 def test_use_compile_wins_over_a_compiled_model(tmp_path):
     compiled = torch.compile(BoringModel(), backend="eager")
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS)
@@ -220,17 +245,18 @@ def test_use_compile_wins_over_a_compiled_model(tmp_path):
 
 @RunIf(min_cuda_gpus=2, standalone=True, dynamo=True)
 def test_use_compile_ddp_multi_gpu(tmp_path):
-    state = CompiledState()
+    backend = CountingBackend()
+    calls = GraphCallsPerStep(backend)
     trainer = Trainer(
         default_root_dir=tmp_path,
         strategy="ddp",
         accelerator="cuda",
         devices=2,
-        use_compile=True,
-        callbacks=[state],
+        use_compile={"backend": backend},
+        callbacks=[calls],
         max_steps=2,
         enable_progress_bar=False,
     )
     trainer.fit(LoggingModel())
-    assert state.seen["train"]["type"] is DistributedDataParallel
-    assert state.seen["train"]["wrapper_compiled"]
+    assert calls.wrapper_types["train"] is DistributedDataParallel
+    assert all(calls.calls["train"])

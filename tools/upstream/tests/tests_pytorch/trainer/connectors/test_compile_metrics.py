@@ -1,0 +1,90 @@
+# Copyright The Lightning AI team.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+import pytest
+import torch
+
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.demos.boring_classes import BoringModel
+from tests_pytorch.helpers.runif import RunIf
+
+
+class CountingBackend:
+    def __init__(self):
+        self.graphs = 0
+        self.calls = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+
+        def run(*args):
+            self.calls += 1
+            return gm.forward(*args)
+
+        return run
+
+
+class MetricModel(BoringModel):
+    def __init__(self):
+        super().__init__()
+        torchmetrics = pytest.importorskip("torchmetrics")
+        self.train_mean = torchmetrics.MeanMetric()
+        self.val_mean = torchmetrics.MeanMetric()
+
+    def training_step(self, batch, batch_idx):
+        loss = self.step(batch)
+        self.train_mean(loss)
+        self.log("train_mean", self.train_mean)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        loss = self.step(batch)
+        self.val_mean.update(loss)
+        self.log("val_mean", self.val_mean)
+
+
+def _fit(tmp_path, use_compile):
+    seed_everything(1)
+    model = MetricModel()
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        use_compile=use_compile,
+        max_epochs=1,
+        limit_train_batches=6,
+        limit_val_batches=6,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(model)
+    return trainer, model
+
+
+@RunIf(min_torch="2.2", dynamo=True)
+def test_metrics_run_outside_the_graph_and_the_step_compiles_once(tmp_path):
+    backend = CountingBackend()
+    trainer, model = _fit(tmp_path, {"backend": backend})
+    graphs = backend.graphs
+    assert backend.calls >= 12  # every step ran compiled code
+    eager, _ = _fit(tmp_path, None)
+    for name in ("train_mean", "val_mean"):
+        torch.testing.assert_close(trainer.callback_metrics[name], eager.callback_metrics[name])
+
+    # a second fit of the same model reuses every graph: nothing depends on how often a metric was called
+    trainer, _ = _fit(tmp_path, {"backend": backend})
+    assert backend.graphs == graphs
+    assert "forward" not in model.train_mean.__dict__  # the metric is plain again after the run
