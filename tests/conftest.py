@@ -22,8 +22,9 @@ TESTS_DIR = Path(__file__).parent
 sys.path.insert(0, str(TESTS_DIR))
 
 if TARGET == "package":
+    # the patch imports no Lightning flavour; importing one sets environment variables, before the leak check
+    import lightning.pytorch
     import lightning_compile_patch  # noqa: F401
-    import lightning.pytorch  # noqa: F401  # the patch imports no flavour; importing one sets variables (before the check)
 elif TARGET == "upstream":
     import inspect
 
