@@ -64,10 +64,8 @@ def test_unknown_key_lists_the_valid_keys_and_suggests_one():
 
 
 def test_unknown_backend_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"'indcutor'.*no registered.*Did you mean 'inductor'") as err:
+    with pytest.raises(ValueError, match=r"refuses.*'indcutor'.*list_backends.*Did you mean 'inductor'"):
         Trainer(use_compile={"backend": "indcutor"}, **QUIET)
-    assert "aot_eager" in str(err.value)
-    assert "register_backend" in str(err.value)
 
 
 def test_backend_may_be_a_callable_and_its_compiled_code_runs():
@@ -93,20 +91,28 @@ def test_backend_of_wrong_type():
 
 
 def test_unknown_mode_lists_the_modes():
-    with pytest.raises(ValueError, match=r"'fast' is not a `torch\.compile` mode") as err:
+    with pytest.raises(ValueError, match=r"refuses.*mode=fast") as err:
         Trainer(use_compile={"mode": "fast"}, **QUIET)
-    assert "'max-autotune'" in str(err.value)
-    assert "'reduce-overhead'" in str(err.value)
+    assert "max-autotune" in str(err.value)
+    assert "reduce-overhead" in str(err.value)
 
 
 def test_mode_and_options_together():
-    with pytest.raises(ValueError, match=r"both 'mode' and 'options'.*list_mode_options"):
+    with pytest.raises(ValueError, match=r"refuses.*mode or options"):
         Trainer(use_compile={"mode": "max-autotune", "options": {"max_autotune": True}}, **QUIET)
 
 
 def test_unknown_inductor_option():
-    with pytest.raises(ValueError, match=r"'shape_paddin'.*not an inductor setting.*Did you mean 'shape_padding'"):
+    with pytest.raises(ValueError, match=r"refuses.*option shape_paddin"):
         Trainer(use_compile={"options": {"shape_paddin": True}}, **QUIET)
+
+
+def test_what_torch_compile_accepts_passes():
+    Trainer(use_compile={"options": {"max_autotune": True, "epilogue_fusion": False}}, **QUIET)
+    Trainer(use_compile={"mode": "max-autotune-no-cudagraphs", "dynamic": False}, **QUIET)
+    if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):  # `guard_filter_fn` is torch's, not inductor's
+        guard_filter = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+        Trainer(use_compile={"options": {"guard_filter_fn": guard_filter}}, **QUIET)
 
 
 def test_options_of_other_backends_pass_through_to_torch_compile(monkeypatch):
@@ -161,7 +167,7 @@ def test_unsupported_strategy_fails_at_construction(tmp_path):
     strategy = _UnsupportedStrategy(accelerator=CPUAccelerator())
     assert isinstance(strategy, Strategy)
     with pytest.raises(
-        RuntimeError, match=r"`use_compile` is incompatible with the current strategy: `_Unsupp.*`use_compile`"
+        RuntimeError, match=r"incompatible with the current strategy: `_Unsupp.*`Trainer\(use_compile=\.\.\.\)`"
     ):
         Trainer(
             strategy=strategy,

@@ -27,7 +27,6 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch._dynamo.config as dynamo_config
-from torch._dynamo import compiled_autograd, trace_rules
 from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel
 
@@ -49,7 +48,11 @@ _INDUCTOR_SETTINGS = ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
 
 def _switch() -> Optional[Callable[..., Any]]:
     """The context manager that turns compiled autograd on: private, and the same, on every torch from 2.6 to 2.14."""
-    return getattr(compiled_autograd, "_enable", None) if _TORCH_GREATER_EQUAL_2_6 else None
+    if not _TORCH_GREATER_EQUAL_2_6:
+        return None
+    from torch._dynamo import compiled_autograd  # imported here: importing the module must work on any torch
+
+    return getattr(compiled_autograd, "_enable", None)
 
 
 class _CompiledAutograd(_CompileFeature):
@@ -141,7 +144,7 @@ class _CompiledAutograd(_CompileFeature):
         inductor_config = torch._inductor.config
         for name in _INDUCTOR_SETTINGS:
             self._stack.callback(setattr, inductor_config, name, getattr(inductor_config, name))
-        if _DDP_FILE not in trace_rules.LEGACY_MOD_INLINELIST:
+        if _DDP_FILE not in torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST:
             self._stack.callback(_stop_inlining_ddp)
         dynamo_config.optimize_ddp = "python_reducer"
 
@@ -203,8 +206,8 @@ def _remove_reducer_hooks(wrapper: DistributedDataParallel) -> None:
 
 
 def _stop_inlining_ddp() -> None:
-    trace_rules.LEGACY_MOD_INLINELIST.discard(_DDP_FILE)
-    trace_rules.get_legacy_mod_inlinelist.cache_clear()
+    torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST.discard(_DDP_FILE)
+    torch._dynamo.trace_rules.get_legacy_mod_inlinelist.cache_clear()
 
 
 FEATURE = _CompiledAutograd

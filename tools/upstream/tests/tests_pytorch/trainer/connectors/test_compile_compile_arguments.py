@@ -17,19 +17,24 @@ from lightning.pytorch import Trainer
 from tests_pytorch.helpers.runif import RunIf
 
 
-@RunIf(dynamo=True)
+@RunIf(min_torch="2.2", dynamo=True)
 @pytest.mark.parametrize(
     ("use_compile", "error", "match"),
     [
-        ({"backend": "indcutor"}, ValueError, "names no registered `torch.compile` backend. Did you mean 'inductor'?"),
+        ({"backend": "indcutor"}, ValueError, r"refuses.*'indcutor'.*Did you mean 'inductor'\?"),
         ({"backend": 3}, TypeError, "must be a backend name or a callable"),
         ({"fullgraph": "yes"}, TypeError, "must be a bool"),
-        ({"mode": "fast"}, ValueError, "'fast' is not a `torch.compile` mode"),
-        ({"mode": "max-autotune", "options": {}}, ValueError, "both 'mode' and 'options'"),
-        ({"options": {"max_autotun": True}}, ValueError, "is not an inductor setting. Did you mean 'max_autotune'?"),
-        ({"options": {"max_autotune": "yes"}}, TypeError, "must be of type `bool`"),
+        ({"mode": "fast"}, ValueError, "refuses.*mode=fast"),
+        ({"mode": "max-autotune", "options": {}}, ValueError, "refuses.*mode or options"),
+        ({"options": {"max_autotun": True}}, ValueError, "refuses.*option max_autotun"),
     ],
 )
 def test_compile_arguments_are_checked_at_construction(use_compile, error, match):
     with pytest.raises(error, match=match):
         Trainer(use_compile=use_compile)
+
+
+@RunIf(min_torch="2.2", dynamo=True)
+def test_what_torch_compile_accepts_is_accepted():
+    Trainer(use_compile={"options": {"max_autotune": True, "epilogue_fusion": False}})
+    Trainer(use_compile={"mode": "max-autotune-no-cudagraphs", "dynamic": False})
