@@ -160,8 +160,14 @@ def test_use_compile_regions_on_a_2d_mesh(tmp_path):
         **_QUIET,
     )
     trainer.fit(restored, ckpt_path=tmp_path / "checkpoint")  # the strategy loads rank 0's path, where it saved
+    # a tensor that several ranks hold (one sharded over the data-parallel ranks only) is saved once, from one of
+    # them, and the tensor-parallel ranks' copies differ in the last bits in eager too: it equals one rank's copy
     for (name, param), value in zip(restored.named_parameters(), steps[-1][1].values(), strict=True):
-        assert torch.equal(param.full_tensor(), value), name
+        copies = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(copies, value)
+        assert any(torch.equal(param.full_tensor(), copy) for copy in copies), name
+        if param.device_mesh.size() == torch.distributed.get_world_size():
+            assert torch.equal(param.full_tensor(), value), name
 
 
 @RunIf(min_torch="2.13", standalone=True, dynamo=True, skip_windows=True)
