@@ -373,13 +373,22 @@ sets no process-wide state. `_verify_strategy_supports_compile` now accepts
 )
 
 
-def _feature(name: str, subject: str, body: str, docs_before: str, entry: str, slot: int, **kwargs: object) -> Patch:
-    """A later patch: one feature module, its tests, its docs section and its CHANGELOG line."""
+def _feature(
+    name: str,
+    subject: str,
+    body: str,
+    docs_before: str,
+    entry: str,
+    slot: int,
+    more_tests: tuple[str, ...] = (),
+    **kwargs: object,
+) -> Patch:
+    """A later patch: one feature module, its tests (``test_compile_<name>.py``, ``more_tests``), docs and CHANGELOG."""
     return Patch(
         subject=subject,
         body=body,
         modules=(f"features.{name}",),
-        tests=(f"tests_pytorch/trainer/connectors/test_compile_{name}.py",),
+        tests=(f"tests_pytorch/trainer/connectors/test_compile_{name}.py", *more_tests),
         edits=(_section_before(docs_before, name), *_changelog_added(entry, slot)),
         **kwargs,  # type: ignore[arg-type]
     )
@@ -481,6 +490,8 @@ of repeated blocks the model has.""",
     '- Added `Trainer(use_compile={"regions": ...})` to compile each repeated block of a model on its own, which'
     f" shortens the first step of deep models {ISSUE}",
     3,
+    # tensor parallelism and FSDP2 on a 2x2 mesh, 4 CPU processes (standalone)
+    more_tests=("tests_pytorch/trainer/connectors/test_compile_regions_tensor_parallel.py",),
 )
 CACHE = _feature(
     "cache",

@@ -32,7 +32,7 @@ from torch import nn
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
 
 _MISSING = object()
@@ -218,7 +218,119 @@ def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, An
         forward = _own_code(region.forward) if own_code else region.forward
         return _region_boundary(torch.compile(forward, **kwargs), region.forward)
 
-    return _replace_forwards(regions, compiled)
+    def compiled_call(region: nn.Module) -> Callable[..., Any]:
+        call = _own_code(_module_call(region)) if own_code else _module_call(region)
+        return _region_boundary(torch.compile(call, **kwargs), region._call_impl)
+
+    tensor_parallel = {name: region for name, region in regions.items() if _has_tensor_parallel_hooks(region)}
+    plain = {name: region for name, region in regions.items() if name not in tensor_parallel}
+    undo_forwards = _replace_forwards(plain, compiled)
+    undo_calls = _replace_calls(tensor_parallel, compiled_call)
+
+    def undo() -> None:
+        undo_calls()
+        undo_forwards()
+
+    return undo
+
+
+def _has_tensor_parallel_hooks(module: nn.Module) -> bool:
+    """Whether ``parallelize_module`` (``distribute_module``) put its input and output hooks on ``module`` itself.
+
+    Those hooks redistribute the module's DTensor inputs and outputs. A region made of the module's ``forward`` alone
+    would leave them outside its graph, and an output that is only partial there crosses the graph's boundary: a
+    vocabulary-parallel embedding (``RowwiseParallel`` on ``nn.Embedding``) returns a ``_MaskPartial`` DTensor whose
+    mask the output hook releases, and compiling its ``forward`` alone fails ("Mixing fake modes NYI", torch 2.13).
+    Such a module is compiled with its hooks, as ``nn.Module.compile`` does.
+
+    """
+    return bool(getattr(module, "_distribute_module_applied", False))
+
+
+def _module_call(module: nn.Module) -> Callable[..., Any]:
+    """The module's call, hooks and ``forward``, from a frame of this file that Dynamo traces.
+
+    ``torch.compile(module._call_impl)`` would start from a frame of ``torch.nn``, which Dynamo does not trace: it
+    would compile each hook and the ``forward`` on its own, and the hooks' redistributions would cross graphs again.
+
+    """
+
+    def region(*args: Any, **kwargs: Any) -> Any:
+        return module._call_impl(*args, **kwargs)
+
+    return region
+
+
+#: The torch versions (major.minor) that tensor parallelism under ``use_compile`` was tested on, on CPU with gloo
+#: (``tests/test_tensor_parallel.py``); on others it warns. Add one when that test passed on it.
+_TENSOR_PARALLEL_TESTED_ON = ("2.13",)
+
+
+def _check_tensor_parallel(module: nn.Module, whole: bool) -> None:
+    """Refuses what is known to fail with tensor parallelism, and warns on a torch it was not tested on.
+
+    Under FSDP2, Dynamo does not trace the sharded modules' hooks (they are compiler-disabled), so whole-model
+    compilation falls back to compiling each module call on its own, and a module's tensor-parallel hooks apart from its
+    ``forward``. A vocabulary-parallel embedding (``RowwiseParallel`` on ``nn.Embedding``) returns a ``_MaskPartial``
+    DTensor whose mask only its output hook releases; across two graphs that fails to compile ("Mixing fake modes
+    NYI", torch 2.13). Regions compile such a module with its hooks, in one graph: that is what to use instead.
+
+    """
+    parallel = [name for name, sub in module.named_modules() if _has_tensor_parallel_hooks(sub)]
+    if not parallel:
+        return
+    if _torch_minor() not in _TENSOR_PARALLEL_TESTED_ON:
+        rank_zero_warn(
+            f"`use_compile` with tensor parallelism (`parallelize_module` on `{parallel[0]}`, ...) was tested on torch"
+            f" {', '.join(_TENSOR_PARALLEL_TESTED_ON)} only; this is torch {torch.__version__}. Compare a few steps"
+            " with an eager run before relying on it."
+        )
+    if not whole or not any(_is_fully_sharded(sub) for sub in module.modules()):
+        return
+    embedding = next((name for name in parallel if _vocabulary_parallel(module.get_submodule(name))), None)
+    if embedding is not None:
+        raise ValueError(
+            f"`Trainer(use_compile=...)` cannot compile this model whole: `{embedding}` is a vocabulary-parallel"
+            " embedding (`RowwiseParallel` on `nn.Embedding`) in a model sharded with `fully_shard`. Dynamo does not"
+            " trace FSDP2's hooks, so it compiles each module call on its own, the embedding's tensor-parallel hooks"
+            " apart from its `forward`, and the partial output of the embedding cannot cross that graph boundary"
+            " (torch fails with 'Mixing fake modes NYI'). Pass `use_compile={'regions': 'auto'}`, which compiles the"
+            " embedding with its hooks in one graph, or shard the embedding another way."
+        )
+
+
+def _is_fully_sharded(module: nn.Module) -> bool:
+    """Whether ``fully_shard`` (FSDP2) was applied to ``module``."""
+    return any(cls.__name__ == "FSDPModule" for cls in type(module).__mro__)
+
+
+def _vocabulary_parallel(module: nn.Module) -> bool:
+    """Whether ``module`` is an embedding whose table is split by rows (the vocabulary) over the tensor-parallel mesh.
+
+    Under FSDP2 on a 2-D mesh the tensor-parallel placement is the last one (FSDP2 puts its own first).
+    """
+    from torch.distributed.tensor import DTensor, Shard
+
+    weight = getattr(module, "weight", None)
+    return (
+        isinstance(module, nn.Embedding)
+        and isinstance(weight, DTensor)
+        and isinstance(weight.placements[-1], Shard)
+        and weight.placements[-1].dim == 0
+    )
+
+
+def _replace_calls(modules: dict[str, nn.Module], make: Callable[[nn.Module], Callable]) -> Callable[[], None]:
+    """Gives each module the compiled call (hooks and ``forward``) that ``make`` returns for it; returns the undo."""
+    before = {name: module._compiled_call_impl for name, module in modules.items()}
+    for module in modules.values():
+        module._compiled_call_impl = make(module)
+
+    def undo() -> None:
+        for name, module in modules.items():
+            module._compiled_call_impl = before[name]
+
+    return undo
 
 
 def _replace_forwards(modules: dict[str, nn.Module], make: Callable[[nn.Module], Callable]) -> Callable[[], None]:
@@ -244,10 +356,14 @@ def _replace_forwards(modules: dict[str, nn.Module], make: Callable[[nn.Module],
 _NESTED_REGIONS_CORRECT = {"2.9": True, "2.13": False, "2.14": False}
 
 
+def _torch_minor() -> str:
+    """The version of the installed torch as major.minor, such as "2.13"."""
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
 def _nested_regions_correct() -> bool:
     """Whether this torch has ``nested_compile_region`` and computes correct gradients with it."""
-    minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    return hasattr(torch.compiler, "nested_compile_region") and _NESTED_REGIONS_CORRECT.get(minor, False)
+    return hasattr(torch.compiler, "nested_compile_region") and _NESTED_REGIONS_CORRECT.get(_torch_minor(), False)
 
 
 #: The backends that compile nested regions: they trace with fake tensors (``backend="eager"`` cannot run them).
@@ -321,9 +437,12 @@ class _Regions(_CompileFeature):
         self._given = dict(connector.run_kwargs or {})  # the arguments as given, before a feature wraps the backend
 
     def setup(self, connector: _CompileConnector) -> None:
-        if self.regions is None or connector.run_kwargs is None:
+        if connector.run_kwargs is None:
             return
         module = connector.trainer.lightning_module
+        _check_tensor_parallel(module, whole=self.regions is None)
+        if self.regions is None:
+            return
         blocks = _find_regions(module, self.regions)
         constants = _per_layer_constants(blocks)
         if not constants and _nested_regions_apply(connector.trainer, self._given, blocks):
