@@ -7,6 +7,7 @@
 
 """
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -55,6 +56,22 @@ def flavour(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.fixture
+def caplog(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """``caplog`` sees Lightning's loggers, as in Lightning's own conftest.
+
+    A flavour imported while the root logger has no handler (before pytest's exist) stops its logger propagating.
+    """
+    prefixes = ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
+    loggers = [logging.getLogger(name) for name in logging.root.manager.loggerDict if name.startswith(prefixes)]
+    propagate = [logger.propagate for logger in loggers]
+    for logger in loggers:
+        logger.propagate = True
+    yield caplog
+    for logger, value in zip(loggers, propagate, strict=True):
+        logger.propagate = value
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> Iterator[None]:
     """Each test starts with empty Dynamo caches and counters, so that counts and budgets are its own."""
@@ -67,8 +84,6 @@ def _fresh_dynamo() -> Iterator[None]:
 
 def _process_state() -> dict:
     """The process-wide state that a run of `use_compile` may change, and must put back."""
-    import logging
-
     return {
         "torch._dynamo.config": torch._dynamo.config.get_config_copy(),
         # inductor sets its own default cache directory on first use: that one is torch's, not a leak
