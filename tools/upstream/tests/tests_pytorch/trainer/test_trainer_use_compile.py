@@ -106,7 +106,7 @@ def test_use_compile_in_signature():
     assert "use_compile:" in Trainer.__init__.__doc__
 
 
-@RunIf(dynamo=True)
+@RunIf(min_torch="2.2", dynamo=True)
 @pytest.mark.parametrize(
     ("use_compile", "error", "match"),
     [

@@ -22,6 +22,9 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.trainer.connectors.compile_features.cache import _load, _parse_cache_dir
 from tests_pytorch.helpers.runif import RunIf
 
+# `Trainer(use_compile=...)` needs torch 2.2 (`nn.Module.compile`)
+pytestmark = RunIf(min_torch="2.2")
+
 
 def test_compile_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -16,6 +16,9 @@ import pytest
 from lightning.pytorch import Trainer
 from tests_pytorch.helpers.runif import RunIf
 
+# `Trainer(use_compile=...)` needs torch 2.2 (`nn.Module.compile`)
+pytestmark = RunIf(min_torch="2.2")
+
 
 @RunIf(min_torch="2.2", dynamo=True)
 @pytest.mark.parametrize(

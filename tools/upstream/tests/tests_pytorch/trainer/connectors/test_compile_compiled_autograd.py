@@ -24,6 +24,9 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from lightning.pytorch.strategies import DDPStrategy
 from tests_pytorch.helpers.runif import RunIf
 
+# `Trainer(use_compile=...)` needs torch 2.2 (`nn.Module.compile`)
+pytestmark = RunIf(min_torch="2.2")
+
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 
 

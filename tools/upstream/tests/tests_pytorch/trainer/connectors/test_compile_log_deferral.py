@@ -18,6 +18,9 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tests_pytorch.helpers.runif import RunIf
 
+# `Trainer(use_compile=...)` needs torch 2.2 (`nn.Module.compile`)
+pytestmark = RunIf(min_torch="2.2")
+
 
 class LoggingModel(BoringModel):
     def training_step(self, batch, batch_idx):
