@@ -116,7 +116,7 @@ class _CompileConnector:
         self.run_kwargs = None if kwargs is None else dict(kwargs)  # a copy: features may change it for the run
         if self.run_kwargs is None:
             return
-        if not self.features:
+        if not self.enabled and not self.features:
             self._build_features({})  # a compiled model passed in: the features with their defaults
         # inference tensors have other dispatch keys than the tensors of fit's validation (`torch.no_grad`): evaluating
         # under `torch.inference_mode` would compile each evaluation step a second time

@@ -551,26 +551,6 @@ instance (a graph break at each call, one compile) and put back when the run end
     ),
 )
 
-MANUAL_OPTIMIZATION = Patch(
-    subject="Let manual optimization run the backward twice under `Trainer(use_compile=...)`",
-    body="""\
-AOTAutograd donates the buffers a compiled backward saves, and then refuses a second backward
-through the same graph: `retain_graph=True`, a closure that calls `manual_backward` again, or
-several optimizers stepped from one loss stop with "compiled with non-empty donated buffers". For
-the runs of a model with `automatic_optimization = False`, `torch._functorch.config.donated_buffer`
-is set to `False` (process-wide, read when a backward is compiled during the run) and restored when
-the run ends, on every path; the Trainer says so once.""",
-    modules=("features.manual_optimization",),
-    tests=("tests_pytorch/trainer/connectors/test_compile_manual_optimization.py",),
-    edits=(
-        InsertAfter(COMPILE_DOCS, "For a thorough troubleshooting guide, see", _doc("manual_optimization")),
-        *_changelog_fixed(
-            "- Fixed manual optimization that runs the backward twice through one graph (`retain_graph=True`) failing"
-            f" with donated buffers under `torch.compile` {ISSUE}",
-            1,
-        ),
-    ),
-)
 
 SERIES: tuple[Patch, ...] = (
     FIX_FORWARD_REDIRECTION,
@@ -585,7 +565,6 @@ SERIES: tuple[Patch, ...] = (
     CACHE,
     COMPILED_AUTOGRAD,
     METRICS,
-    MANUAL_OPTIMIZATION,
 )
 
 

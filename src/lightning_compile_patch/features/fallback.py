@@ -6,8 +6,9 @@ With ``use_compile={"fallback": "eager"}``, the run warns once instead and conti
 
 * The backward: AOTAutograd compiles it lazily, inside ``loss.backward()``, outside the compiled step. Where torch
   can compile it together with the forward (``force_non_lazy_backward_lowering``, torch 2.13+), it does so here, so
-  a backward that cannot compile fails, or falls back, exactly like the forward. On older torch the error is raised
-  from the backward, named the same way, and ``fallback`` cannot apply to it.
+  a backward that cannot compile fails, or falls back, exactly like the forward. On older torch, and under manual
+  optimization (whose steps may run the backward twice through one graph, which a backward compiled with the forward
+  refuses), the error is raised from the backward, named the same way, and ``fallback`` cannot apply to it.
 * The next run: when a compiled step raises (a bad batch, a failed assert), Dynamo marks the code it was compiling
   "skip" for the rest of the process, and every later run of the step would be eager. When a run fails, the code
   objects that Dynamo converted during that run, and only those, are reset, so the next run compiles again.
@@ -68,7 +69,7 @@ class _Fallback(_CompileFeature):
             if self.fell_back:
                 return original(*args, **kwargs)
             try:
-                with _backward_with_forward():
+                with _backward_with_forward(connector.trainer.lightning_module):
                     return compiled(*args, **kwargs)
             except _COMPILE_ERRORS as error:
                 if self.fallback != "eager":
@@ -99,9 +100,15 @@ class _Fallback(_CompileFeature):
         self._codes_before = None
 
 
-def _backward_with_forward() -> contextlib.AbstractContextManager:
-    """Has AOTAutograd compile the backward while it compiles the forward, where torch can."""
-    if _NON_LAZY_BACKWARD:
+def _backward_with_forward(module: Any) -> contextlib.AbstractContextManager:
+    """Has AOTAutograd compile the backward while it compiles the forward, where torch can.
+
+    Not under manual optimization: a backward compiled with the forward donates the buffers it saves, and then refuses
+    a second backward through the same graph (``retain_graph=True``, a closure, two optimizers stepped from one loss),
+    which a manual step may run. There the backward stays lazy, as torch compiles it by default.
+
+    """
+    if _NON_LAZY_BACKWARD and module.automatic_optimization:
         return functorch_config.patch(force_non_lazy_backward_lowering=True)
     return contextlib.nullcontext()
 

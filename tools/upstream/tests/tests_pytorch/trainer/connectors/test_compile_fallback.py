@@ -63,3 +63,25 @@ def test_fallback_eager_warns_and_trains(tmp_path):
 def test_fallback_rejects_unknown_values():
     with pytest.raises(ValueError, match="Choose `None`"):
         Trainer(use_compile={"fallback": "cpu"})
+
+
+class _BackwardTwice(BoringModel):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = self.step(batch)
+        opt.zero_grad()
+        self.manual_backward(loss, retain_graph=True)
+        self.manual_backward(loss)
+        opt.step()
+
+
+@RunIf(min_torch="2.13", dynamo=True)
+def test_manual_optimization_keeps_the_lazy_backward(tmp_path):
+    # a backward compiled with the forward donates its buffers, and then refuses the second backward of the step
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "aot_eager"}, **_TRAINER_KWARGS)
+    trainer.fit(_BackwardTwice())
+    assert trainer.global_step == 2
