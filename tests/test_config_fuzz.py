@@ -63,9 +63,11 @@ def allowed_for(key, value, options):
             return OK  # another backend's own options: passed through to it
         if torch_accepts(options=dict(value)):
             return OK
-        # inductor's settings, by torch: an unknown name is a ValueError, a known one of the wrong type a TypeError
+        # inductor's settings, checked by torch in the dict's order: an unknown name is a ValueError, a known one of the
+        # wrong type a TypeError, and the first bad one decides
         unknown = set(value) - set(torch._inductor.list_options())
-        return {ValueError} if unknown else {TypeError}
+        wrong_type = any(not torch_accepts(options={name: item}) for name, item in value.items() if name not in unknown)
+        return {ValueError} | ({TypeError} if wrong_type else set()) if unknown else {TypeError}
     if key in ("fullgraph", "disable", "isolate_recompiles"):
         return OK if is_bool(value) else ({None, TypeError} if value is None else {TypeError})
     if key == "dynamic":

@@ -46,7 +46,8 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
             raise TypeError(f"`Trainer(use_compile={{{key!r}: {spec!r}}})` must be a dict, a `ParamsSpec` or `None`.")
     limit = kwargs.get("recompile_limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise TypeError(f"`Trainer(use_compile={{'recompile_limit': {limit!r}}})` must be a positive int.")
+        kind = ValueError if isinstance(limit, int) and not isinstance(limit, bool) else TypeError
+        raise kind(f"`Trainer(use_compile={{'recompile_limit': {limit!r}}})` must be a positive int.")
     backend = kwargs.get("backend", "inductor")
     if not callable(backend) and not isinstance(backend, str):
         raise TypeError(f"`Trainer(use_compile={{'backend': {backend!r}}})` must be a backend name or a callable.")
@@ -57,7 +58,8 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
         names = torch._dynamo.list_backends(exclude_tags=()) if isinstance(backend, str) else []
         close = [name for name in difflib.get_close_matches(str(backend), names, n=1) if name != backend]
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"`torch.compile` refuses `Trainer(use_compile=...)`'s arguments: {reason}{hint}") from error
+        kind = TypeError if reason.startswith("Unexpected type") else ValueError  # an option of the wrong type
+        raise kind(f"`torch.compile` refuses `Trainer(use_compile=...)`'s arguments: {reason}{hint}") from error
 
 
 FEATURE = _CompileArguments
