@@ -118,12 +118,12 @@ class _CompileConnector:
             return
         if not self.enabled and not self.features:
             self._build_features({})  # a compiled model passed in: the features with their defaults
-        # inference tensors have other dispatch keys than the tensors of fit's validation (`torch.no_grad`): evaluating
-        # under `torch.inference_mode` would compile each evaluation step a second time
-        for loop in (self.trainer.validate_loop, self.trainer.test_loop, self.trainer.predict_loop):
-            if loop.inference_mode:
-                loop.inference_mode = False
-                self.undo.append(functools.partial(setattr, loop, "inference_mode", True))
+        # fit validates under `torch.no_grad`; under `torch.inference_mode` (whose tensors have other dispatch keys),
+        # `validate` would compile the validation step a second time
+        loop = self.trainer.validate_loop
+        if loop.inference_mode:
+            loop.inference_mode = False
+            self.undo.append(functools.partial(setattr, loop, "inference_mode", True))
         if model._compiler_ctx is not None:
             to_uncompiled(model)  # compiled by hand with `from_compiled`: compile once, after the wrap
         for feature in self.features:

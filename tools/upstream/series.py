@@ -229,10 +229,11 @@ With the default `use_compile=None`, a compiled model passed to `fit` is unwrapp
 suggested when #20269 was closed). `use_compile=False` keeps the previous behavior.
 
 Each step keeps its signature (Lightning reads it to decide what to pass), a step set to `None`
-stays off, and each step function compiles once per Trainer across stages: evaluation runs under
-`torch.no_grad` rather than `torch.inference_mode` while compiling, since inference tensors would
-compile each evaluation step a second time. `use_compile` needs torch 2.2 (`nn.Module.compile`) and
-is refused at `Trainer(...)` before that; with `None`, a compiled model then runs as before.
+stays off, and each step function compiles once per Trainer across stages: `validate` runs under
+`torch.no_grad`, as fit's validation does, rather than `torch.inference_mode` while compiling, since
+inference tensors would compile the validation step a second time. `use_compile` needs torch 2.2
+(`nn.Module.compile`) and is refused at `Trainer(...)` before that; with `None`, a compiled model
+then runs as before.
 
 Features beyond this core are modules of `trainer/connectors/compile_features/`, each naming its
 `_CompileFeature` as `FEATURE`, imported only when a Trainer compiles; this patch adds none. It
@@ -341,8 +342,8 @@ sets no process-wide state. `_verify_strategy_supports_compile` now accepts
             " compiled on its own and no method of it is left compiled after the run; under a strategy that cannot run"
             " it compiled, the same error as before is raised; `Trainer(use_compile=False)` keeps the previous"
             f" behavior {ISSUE}\n\n"
-            "- While the Trainer compiles, evaluation and prediction run under `torch.no_grad` instead of"
-            f" `torch.inference_mode`, so that each step compiles once across stages {ISSUE}\n",
+            "- While the Trainer compiles, `validate` runs under `torch.no_grad`, as validation does while fitting,"
+            f" instead of `torch.inference_mode`, so that the validation step compiles once {ISSUE}\n",
         ),
         *_changelog_fixed(_FIXED_CORE, 4),
         Replace(
