@@ -60,23 +60,26 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
         "tests_pytorch/core/test_lightning_module.py",
         "tests_pytorch/core/test_lightning_optimizer.py",
     ),
-    "full": tuple(
-        f"tests_pytorch/{folder}"
-        for folder in (
-            "loops",
-            "trainer",
-            "models",
-            "callbacks",
-            "checkpointing",
-            "core",
-            "tuner",
-            "profilers",
-            "loggers",
-            "strategies",
-        )
-    )
-    # onnxruntime is not a test requirement here; the legacy checkpoints are not in the archive
-    + ("--ignore=tests_pytorch/models/test_onnx.py", "--ignore=tests_pytorch/checkpointing/test_legacy_checkpoints.py"),
+    "full": (
+        *(
+            f"tests_pytorch/{folder}"
+            for folder in (
+                "loops",
+                "trainer",
+                "models",
+                "callbacks",
+                "checkpointing",
+                "core",
+                "tuner",
+                "profilers",
+                "loggers",
+                "strategies",
+            )
+        ),
+        # onnxruntime is not a test requirement here; the legacy checkpoints are not in the archive
+        "--ignore=tests_pytorch/models/test_onnx.py",
+        "--ignore=tests_pytorch/checkpointing/test_legacy_checkpoints.py",
+    ),
 }
 SELECTIONS["ci"] = SELECTIONS["issue"]
 #: Past Lightning's own options: no cache folder in the tree, plain output, every test's outcome.
