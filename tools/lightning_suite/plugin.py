@@ -11,8 +11,9 @@ Loaded with ``-p lightning_suite.plugin`` (``tools/`` on ``PYTHONPATH``), config
   ``use_compile`` natively; this package is then never imported.
 * ``LCP_SUITE_RECORDS``: a folder; each process appends one JSON line per test to its own ``<worker>-<pid>.jsonl``.
 
-A record: ``{"nodeid", "outcome": passed|failed|skipped|error, "error": first line or null, "runs": [...]}`` with, per
-``fit``/``validate``/``test``/``predict`` called in the test's own process, what ran compiled (``last_summary``).
+A record: ``{"nodeid", "outcome": passed|failed|skipped|error, "error": first line or null, "seconds", "runs": [...]}``,
+with, per ``fit``/``validate``/``test``/``predict`` called in the test's own process, what ran compiled
+(``last_summary``).
 """
 
 import functools
@@ -145,6 +146,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     record = _records.get(report.nodeid)
     if record is None:
         return
+    record["seconds"] = round(record.get("seconds", 0.0) + report.duration, 3)
     if report.failed:
         outcome = "failed" if report.when == "call" else "error"
         if _ORDER[outcome] > _ORDER[record["outcome"]] and record["error"] is None:
