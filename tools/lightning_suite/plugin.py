@@ -9,6 +9,7 @@ Loaded with ``-p lightning_suite.plugin`` (``tools/`` on ``PYTHONPATH``), config
 * ``LCP_SUITE_FLAVOUR``: ``lightning.pytorch`` (default) or ``pytorch_lightning``, the Trainer whose default changes.
 * ``LCP_SUITE_TARGET``: ``package`` (default) or ``upstream``, a Lightning with ``patches/`` applied that takes
   ``use_compile`` natively; this package is then never imported.
+* ``LCP_SUITE_DYNAMO_RESET``: ``0`` keeps Dynamo's caches from test to test (see ``pytest_runtest_setup``).
 * ``LCP_SUITE_RECORDS``: a folder; each process appends one JSON line per test to its own ``<worker>-<pid>.jsonl``.
 
 A record: ``{"nodeid", "outcome": passed|failed|skipped|error, "error": first line or null, "seconds", "runs": [...]}``,
@@ -31,6 +32,7 @@ MODE = os.environ.get("LCP_SUITE_MODE", "stock")
 TARGET = os.environ.get("LCP_SUITE_TARGET", "package")
 FLAVOUR = os.environ.get("LCP_SUITE_FLAVOUR", "lightning.pytorch")
 DEFAULT_COMPILE = json.loads(os.environ.get("LCP_SUITE_COMPILE", '{"backend": "aot_eager"}'))
+RESET_DYNAMO = os.environ.get("LCP_SUITE_DYNAMO_RESET", "1") != "0"
 _ENTRY_POINTS = ("fit", "validate", "test", "predict")
 _ORDER = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 
@@ -126,6 +128,18 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("LCP_SUITE_MODE=stock, but lightning_compile_patch was imported")
     controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
     _process[:] = ["controller" if controller else os.environ.get("PYTEST_XDIST_WORKER", "main")]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Empties Dynamo's caches before each test (unless ``LCP_SUITE_DYNAMO_RESET=0``), as in a fresh process.
+
+    Dynamo's recompile limit counts per code object, across Trainers: after about 8 models of one class compiled in a
+    process (``BoringModel``), every later run of that class runs eager, and a test's outcome would depend on which
+    tests its worker ran before it.
+    """
+    if MODE != "stock" and RESET_DYNAMO:
+        importlib.import_module("torch._dynamo").reset()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -222,8 +222,9 @@ def compare(
 
 
 def cell(text: Any) -> str:
-    """``text`` fit for a table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """``text`` fit for a table cell, paths shortened to their package or test file."""
+    text = re.sub(r"\S*/(site-packages|tree/tests)/", "", str(text))
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def steps(counts: Counter) -> str:
@@ -231,11 +232,13 @@ def steps(counts: Counter) -> str:
     return ", ".join(f"{kind} {counts[kind]}" for kind in sorted(counts)) or "0"
 
 
-def runs_section(name: str, tests: dict[str, dict]) -> list[str]:
-    """What the runs of one mode compiled: totals, causes of eager steps, and the tests with eager steps."""
+def runs_section(name: str, tests: dict[str, dict], limit: Optional[int]) -> list[str]:
+    """What the runs of one mode compiled: totals, causes of eager steps, recompile-limit hits, and the tests with
+    eager steps (the ``limit`` with the most).
+    """
     runs = [run for record in tests.values() for run in record["runs"]]
     summarized = [run for run in runs if run["compiled"]]
-    compiled, eager, causes, cause_tests = Counter(), Counter(), Counter(), Counter()
+    compiled, eager, causes, cause_tests, hits = Counter(), Counter(), Counter(), Counter(), Counter()
     eager_tests = []
     for nodeid, record in tests.items():
         mine = Counter()
@@ -247,6 +250,7 @@ def runs_section(name: str, tests: dict[str, dict]) -> list[str]:
             mine.update(run["eager_steps"])
             causes.update(run.get("eager_causes", {}))
             cause_tests.update(set(run.get("eager_causes", {})))
+            hits.update(run["recompile_limit_hits"])
         if mine:
             eager_tests.append((sum(mine.values()), nodeid, record))
     recompiles = sum(run["recompiles"] for run in summarized)
@@ -265,9 +269,16 @@ def runs_section(name: str, tests: dict[str, dict]) -> list[str]:
         lines += ["| cause of eager steps | steps | tests |", "|---|---|---|"]
         lines += [f"| {cell(cause)} | {n} | {cause_tests[cause]} |" for cause, n in causes.most_common()]
         lines.append("")
+    if hits:
+        lines += ["| recompile limit hit at | runs |", "|---|---|"]
+        lines += [f"| {cell(frame)} | {n} |" for frame, n in hits.most_common()]
+        lines.append("")
     if eager_tests:
+        shown = sorted(eager_tests, key=lambda item: (-item[0], item[1]))[:limit]
+        more = f" ({len(shown)} with the most of {len(eager_tests)}; all in `table-full.md`)" if limit else ""
+        lines += [f"Tests with eager steps{more}:", ""]
         lines += ["| test with eager steps | runs | compiled | eager | causes |", "|---|---|---|---|---|"]
-        for _, nodeid, record in sorted(eager_tests, key=lambda item: (-item[0], item[1])):
+        for _, nodeid, record in shown:
             done = [run for run in record["runs"] if run["compiled"]]
             ran = "; ".join(f"{run['fn']}" for run in record["runs"])
             good = steps(sum((Counter(run["compiled_steps"]) for run in done), Counter()))
@@ -279,7 +290,11 @@ def runs_section(name: str, tests: dict[str, dict]) -> list[str]:
 
 
 def report(
-    results: dict[str, dict[str, dict]], timings: dict[str, dict], expected: dict[tuple[str, str], str], title: str
+    results: dict[str, dict[str, dict]],
+    timings: dict[str, dict],
+    expected: dict[tuple[str, str], str],
+    title: str,
+    limit: Optional[int] = 25,
 ) -> tuple[str, bool]:
     """The markdown table, and whether it shows something wrong (an unexpected new failure, a stale expectation)."""
     lines = [f"# {title}", "", "| mode | use_compile | tests | passed | failed | error | skipped | exit | seconds |"]
@@ -331,7 +346,7 @@ def report(
                 lines.append(f"| `{nodeid}` | {record.get('outcome', '-')} | {error} | {cell(reason)} |")
             lines.append("")
         if MODES[name][0] == "compiled":
-            lines += runs_section(name, tests)
+            lines += runs_section(name, tests, limit)
     return "\n".join(lines) + "\n", wrong
 
 
@@ -372,8 +387,11 @@ def main() -> int:
             timings_path.write_text(json.dumps(timings, indent=1))
     results = {name: load_records(work / "records" / name) for name in names}
     title = f"Lightning's tests ({args.selection}, {args.flavour}, target {args.target})"
-    table, wrong = report(results, {n: timings[n] for n in names if n in timings}, load_expected(args.expected), title)
+    timings = {name: timings[name] for name in names if name in timings}
+    expected = load_expected(args.expected)
+    table, wrong = report(results, timings, expected, title)
     (work / "table.md").write_text(table)
+    (work / "table-full.md").write_text(report(results, timings, expected, title, limit=None)[0])
     if args.table:
         args.table.parent.mkdir(parents=True, exist_ok=True)
         args.table.write_text(table)
