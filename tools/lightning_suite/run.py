@@ -227,6 +227,12 @@ def cell(text: Any) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def signature(error: Optional[str]) -> str:
+    """An error's first line without what varies per test (the model's class, numbers), to group failures by."""
+    text = re.sub(r"\b[\w<>.]+\.(?=\w+\(\))", "", error or "(no error)")  # `test.<locals>.Model.training_step()`
+    return re.sub(r"\d+|None", "N", text)[:160]
+
+
 def steps(counts: Counter) -> str:
     """Step counts by kind, in words."""
     return ", ".join(f"{kind} {counts[kind]}" for kind in sorted(counts)) or "0"
@@ -328,6 +334,11 @@ def report(
         ):
             lines.append(f"| {label} | {len(group)} |")
         lines.append("")
+        if result.new_failures:
+            groups = Counter(signature(tests[nodeid].get("error")) for nodeid in result.new_failures)
+            lines += [f"### New failures by error (`{name}`)", "", "| error, first line | tests |", "|---|---|"]
+            lines += [f"| {cell(error)} | {n} |" for error, n in groups.most_common()]
+            lines.append("")
         for label, group in (
             ("New failures", result.new_failures),
             ("Expected new failures", result.expected),
