@@ -230,7 +230,7 @@ def cell(text: Any) -> str:
 def signature(error: Optional[str]) -> str:
     """An error's first line without what varies per test (the model's class, numbers), to group failures by."""
     text = re.sub(r"\b[\w<>.]+\.(?=\w+\(\))", "", error or "(no error)")  # `test.<locals>.Model.training_step()`
-    return re.sub(r"\d+|None", "N", text)[:160]
+    return re.sub(r"\d+|\bNone\b", "N", text)[:160]
 
 
 def steps(counts: Counter) -> str:
