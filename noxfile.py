@@ -182,6 +182,7 @@ LIGHTNING_TEST_REQUIREMENTS = (
     "pytest-timeout",
     "pytest-rerunfailures",
     "cloudpickle",
+    "psutil",
     "scikit-learn",
     "pandas",
     "tensorboard",
