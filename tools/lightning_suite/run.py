@@ -81,7 +81,16 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
         "--ignore=tests_pytorch/checkpointing/test_legacy_checkpoints.py",
     ),
 }
-SELECTIONS["ci"] = SELECTIONS["issue"]
+#: About 1,050 tests for CI: the issue's selection without its two slowest files compiled (``test_early_stopping.py``:
+#: ddp_spawn fits that compile in each spawned process, and a torchmetrics model that recompiles each step;
+#: ``test_lightning_module.py``: toggling 3 optimizers recompiles each step), with the Trainer's connectors and flags
+#: (cheap, many Trainer arguments) and the learning-rate finder (the tuner's runs).
+SELECTIONS["ci"] = (
+    *(p for p in SELECTIONS["issue"] if not p.endswith(("test_early_stopping.py", "test_lightning_module.py"))),
+    "tests_pytorch/trainer/connectors",
+    "tests_pytorch/trainer/flags",
+    "tests_pytorch/tuner/test_lr_finder.py",
+)
 #: Past Lightning's own options: no cache folder in the tree, plain output, every test's outcome.
 PYTEST_ARGS = ("-p", "lightning_suite.plugin", "-p", "no:cacheprovider", "--color=no", "-q", "-rN")
 FAILED = ("failed", "error")
