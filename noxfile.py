@@ -1,4 +1,5 @@
-"""Sessions: `lint`, `tests`, `tests_torch`, `real_models`, `wheel`, `parity` (what CI runs), `demo`, `patches`.
+"""Sessions: `lint`, `tests`, `tests_torch`, `real_models`, `wheel`, `parity` (what CI runs), `demo`, `patches`,
+`lightning_suite`.
 
 torch is installed first and pinned, and every later install is constrained to it: `torch==2.13.0` is a CPU wheel on
 local disk here, while other versions are CUDA builds (about 4 GB with their nvidia libraries, which run on CPU too),
@@ -170,3 +171,47 @@ def parity(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *suite, env={"LCP_TARGET": "upstream"})
     harness = str(ROOT / "tools" / "upstream" / "harness")
     session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, "tools/upstream/tests", env={"PYTHONPATH": harness})
+
+
+#: What Lightning's own tests of the suite's selection need beside Lightning (its `requirements/pytorch/test.txt` and
+#: `extra.txt` at 2.6.5, less what the selection skips or does not import: no torchvision, which does not load with
+#: torch 2.13.0 CPU, no onnx, deepspeed, or loggers' services).
+LIGHTNING_TEST_REQUIREMENTS = (
+    "pytest==9.0.2",
+    "pytest-xdist>=3.5",
+    "pytest-timeout",
+    "pytest-rerunfailures",
+    "cloudpickle",
+    "psutil",
+    "scikit-learn",
+    "pandas",
+    "tensorboard",
+    "torchmetrics",
+    "omegaconf",
+    "hydra-core",
+    "jsonargparse[signatures]>=4.39",
+    "rich",
+    "pyyaml",
+)
+
+
+@nox.session
+@discards_env
+def lightning_suite(session: nox.Session) -> None:
+    """Lightning's own tests stock and compiled (aot_eager), compared test by test; fails on a new failure.
+
+    The tests come from `LCP_LIGHTNING_TESTS` (default: `../shared/lightning-tests/lightning-2.6.5-tests.tar.gz`, or a
+    clone of Lightning at 2.6.5). Options after `--` go to `tools/lightning_suite/run.py`: `--selection full`,
+    `--modes stock,compiled,regions`, `--flavour pytorch_lightning`, ...
+    """
+    install(session)
+    constraints = Path(session.virtualenv.location) / "constraints.txt"
+    session.install("-c", str(constraints), *LIGHTNING_TEST_REQUIREMENTS)
+    out = Path(session.create_tmp()) / "lightning_suite"
+    # the table also beside the environments: the session's own folder goes when it ends (`discards_env`)
+    table = ROOT / ".nox" / "lightning_suite.md"
+    # CI's time: stock and compiled (~12 min with the install); `-- --modes stock,imported,compiled` adds the import
+    # alone, which fails where compiled fails too (its failures are a subset), and `-- --selection full` the whole run
+    modes = ("--selection", "ci", "--modes", "stock,compiled")
+    args = ("--out", str(out), "--table", str(table), "--workers", PYTEST_WORKERS, *modes, *session.posargs)
+    session.run("python", "tools/lightning_suite/run.py", *args)
