@@ -20,7 +20,7 @@ from torch._dynamo import OptimizedModule
 
 import lightning.pytorch as pl
 import lightning_compile_patch.features as compile_features
-from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_2
+from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
@@ -65,9 +65,9 @@ class _CompileConnector:
         self.trainer = trainer
         self.use_compile = use_compile
         self.enabled = use_compile is not None and use_compile is not False  # compile every model after the wrap
-        if self.enabled and not _TORCH_GREATER_EQUAL_2_2:  # `nn.Module.compile` compiles a wrapper in place
+        if self.enabled and not _TORCH_GREATER_EQUAL_2_6:  # the oldest it is tested with; its features need 2.6
             raise RuntimeError(
-                f"`Trainer(use_compile=...)` needs torch 2.2 or newer, but torch {torch.__version__} is installed."
+                f"`Trainer(use_compile=...)` needs torch 2.6 or newer, but torch {torch.__version__} is installed."
                 " Upgrade torch, or remove `use_compile`."
             )
         self.features: list[_CompileFeature] = []
@@ -97,7 +97,7 @@ class _CompileConnector:
         if model is None:
             return model  # the stage reuses the Trainer's model, and with it the compiled input's arguments
         self._input_kwargs = None
-        if not isinstance(model, OptimizedModule) or self.use_compile is False or not _TORCH_GREATER_EQUAL_2_2:
+        if not isinstance(model, OptimizedModule) or self.use_compile is False or not _TORCH_GREATER_EQUAL_2_6:
             return model
         _verify_strategy_supports_compile(None, self.trainer.strategy)  # where Lightning checks a compiled model
         if not self.enabled and getattr(model, "_compile_kwargs", None) is None:

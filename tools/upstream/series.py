@@ -231,9 +231,9 @@ suggested when #20269 was closed). `use_compile=False` keeps the previous behavi
 Each step keeps its signature (Lightning reads it to decide what to pass), a step set to `None`
 stays off, and each step function compiles once per Trainer across stages: `validate` runs under
 `torch.no_grad`, as fit's validation does, rather than `torch.inference_mode` while compiling, since
-inference tensors would compile the validation step a second time. `use_compile` needs torch 2.2
-(`nn.Module.compile`) and is refused at `Trainer(...)` before that; with `None`, a compiled model
-then runs as before.
+inference tensors would compile the validation step a second time. `use_compile` needs torch 2.6,
+the oldest it is tested with, and is refused at `Trainer(...)` before that; with `None`, a compiled
+model then runs as before.
 
 Features beyond this core are modules of `trainer/connectors/compile_features/`, each naming its
 `_CompileFeature` as `FEATURE`, imported only when a Trainer compiles; this patch adds none. It

@@ -106,7 +106,7 @@ def test_use_compile_in_signature():
     assert "use_compile:" in Trainer.__init__.__doc__
 
 
-@RunIf(min_torch="2.2", dynamo=True)
+@RunIf(min_torch="2.6", dynamo=True)
 @pytest.mark.parametrize(
     ("use_compile", "error", "match"),
     [
@@ -119,9 +119,9 @@ def test_use_compile_rejects_bad_input_at_construction(use_compile, error, match
         Trainer(use_compile=use_compile)
 
 
-@RunIf(max_torch="2.2")
-def test_use_compile_needs_torch_2_2():
-    with pytest.raises(RuntimeError, match=r"needs torch 2\.2 or newer"):
+@RunIf(max_torch="2.6")
+def test_use_compile_needs_torch_2_6():
+    with pytest.raises(RuntimeError, match=r"needs torch 2\.6 or newer"):
         Trainer(use_compile=True)
 
 
@@ -131,7 +131,7 @@ def test_use_compile_refuses_a_strategy_that_cannot_run_compiled():
         Trainer(strategy="deepspeed", use_compile=True, accelerator="cpu")
 
 
-@RunIf(min_torch="2.2", dynamo=True)
+@RunIf(min_torch="2.6", dynamo=True)
 @pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
 def test_use_compile_runs_every_step_compiled_after_the_strategy_wraps(tmp_path, strategy):
     seed_everything(1)
@@ -170,7 +170,7 @@ def test_use_compile_runs_every_step_compiled_after_the_strategy_wraps(tmp_path,
     pickle.dumps(model)
 
 
-@RunIf(min_torch="2.2", dynamo=True)
+@RunIf(min_torch="2.6", dynamo=True)
 @pytest.mark.parametrize("compiled_input", [False, True])
 def test_use_compile_compiles_each_step_once_across_stages(tmp_path, compiled_input):
     model, backend = BoringModel(), CountingBackend()
@@ -186,7 +186,7 @@ def test_use_compile_compiles_each_step_once_across_stages(tmp_path, compiled_in
     assert backend.graphs == 4
 
 
-@RunIf(min_torch="2.2", dynamo=True)
+@RunIf(min_torch="2.6", dynamo=True)
 def test_use_compile_passes_what_the_step_signature_takes(tmp_path):
     class NoBatchIdx(BoringModel):
         def training_step(self, batch):
@@ -200,7 +200,7 @@ def test_use_compile_passes_what_the_step_signature_takes(tmp_path):
     assert model.validation_step is None
 
 
-@RunIf(min_torch="2.2", dynamo=True)
+@RunIf(min_torch="2.6", dynamo=True)
 def test_use_compile_sets_no_process_wide_state(tmp_path):
     import os
 
@@ -215,7 +215,7 @@ def test_use_compile_sets_no_process_wide_state(tmp_path):
     assert dict(os.environ) == environ_before
 
 
-@RunIf(min_torch="2.2", dynamo=True, skip_windows=True)
+@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
 def test_use_compile_none_compiles_a_compiled_model_again_after_the_wrap(tmp_path):
     model, backend = LoggingModel(), CountingBackend()
     compiled = torch.compile(model, backend=backend)
@@ -235,7 +235,7 @@ def test_use_compile_false_keeps_the_default_behavior(tmp_path):
     assert trainer.lightning_module._compiler_ctx["compiler"] == "dynamo"
 
 
-@RunIf(min_torch="2.2", dynamo=True)
+@RunIf(min_torch="2.6", dynamo=True)
 def test_use_compile_wins_over_a_compiled_model(tmp_path):
     compiled = torch.compile(BoringModel(), backend="eager")
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS)

@@ -22,8 +22,8 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.trainer.connectors.compile_features.cache import _load, _parse_cache_dir
 from tests_pytorch.helpers.runif import RunIf
 
-# `Trainer(use_compile=...)` needs torch 2.2 (`nn.Module.compile`)
-pytestmark = RunIf(min_torch="2.2")
+# `Trainer(use_compile=...)` needs torch 2.6
+pytestmark = RunIf(min_torch="2.6")
 
 
 def test_compile_cache_dir(monkeypatch, tmp_path):
@@ -43,7 +43,7 @@ def test_compile_cache_unreadable_file_warns(tmp_path):
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="fatal error: 'omp.h' file not found")
-@RunIf(dynamo=True)
+@RunIf(min_torch="2.7", dynamo=True)
 def test_compile_cache_round_trip(tmp_path, monkeypatch):
     from torch._dynamo.utils import counters
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir

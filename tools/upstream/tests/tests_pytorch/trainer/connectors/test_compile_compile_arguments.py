@@ -16,11 +16,11 @@ import pytest
 from lightning.pytorch import Trainer
 from tests_pytorch.helpers.runif import RunIf
 
-# `Trainer(use_compile=...)` needs torch 2.2 (`nn.Module.compile`)
-pytestmark = RunIf(min_torch="2.2")
+# `Trainer(use_compile=...)` needs torch 2.6
+pytestmark = RunIf(min_torch="2.6")
 
 
-@RunIf(min_torch="2.2", dynamo=True)
+@RunIf(min_torch="2.6", dynamo=True)
 @pytest.mark.parametrize(
     ("use_compile", "error", "match"),
     [
@@ -37,7 +37,7 @@ def test_compile_arguments_are_checked_at_construction(use_compile, error, match
         Trainer(use_compile=use_compile)
 
 
-@RunIf(min_torch="2.2", dynamo=True)
+@RunIf(min_torch="2.6", dynamo=True)
 def test_what_torch_compile_accepts_is_accepted():
     Trainer(use_compile={"options": {"max_autotune": True, "epilogue_fusion": False}})
     Trainer(use_compile={"mode": "max-autotune-no-cudagraphs", "dynamic": False})

@@ -18,8 +18,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tests_pytorch.helpers.runif import RunIf
 
-# `Trainer(use_compile=...)` needs torch 2.2 (`nn.Module.compile`)
-pytestmark = RunIf(min_torch="2.2")
+# `Trainer(use_compile=...)` needs torch 2.6
+pytestmark = RunIf(min_torch="2.6")
 
 
 class LoggingModel(BoringModel):

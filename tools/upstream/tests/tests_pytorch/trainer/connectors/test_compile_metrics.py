@@ -18,8 +18,8 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tests_pytorch.helpers.runif import RunIf
 
-# `Trainer(use_compile=...)` needs torch 2.2 (`nn.Module.compile`)
-pytestmark = RunIf(min_torch="2.2")
+# `Trainer(use_compile=...)` needs torch 2.6
+pytestmark = RunIf(min_torch="2.6")
 
 
 class CountingBackend:
@@ -77,7 +77,7 @@ def _fit(tmp_path, backend, steps):
     return trainer, model
 
 
-@RunIf(min_torch="2.2", dynamo=True)
+@RunIf(min_torch="2.6", dynamo=True)
 def test_metrics_run_outside_the_graph_and_the_step_compiles_once(tmp_path):
     # a metric counts its calls in a Python int: inside the graph, every step recompiled until the recompile limit
     few, many = CountingBackend(), CountingBackend()

@@ -21,8 +21,8 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from lightning.pytorch.trainer.connectors.compile_features.regions import _find_regions
 from tests_pytorch.helpers.runif import RunIf
 
-# `Trainer(use_compile=...)` needs torch 2.2 (`nn.Module.compile`)
-pytestmark = RunIf(min_torch="2.2")
+# `Trainer(use_compile=...)` needs torch 2.6
+pytestmark = RunIf(min_torch="2.6")
 
 
 class Block(nn.Module):

@@ -21,8 +21,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer, seed_everythin
 from lightning.pytorch.strategies import ModelParallelStrategy
 from tests_pytorch.helpers.runif import RunIf
 
-# `Trainer(use_compile=...)` needs torch 2.2 (`nn.Module.compile`)
-pytestmark = RunIf(min_torch="2.2")
+# `Trainer(use_compile=...)` needs torch 2.6
+pytestmark = RunIf(min_torch="2.6")
 
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 _COUNTS = {"calls": 0}
