@@ -38,6 +38,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_LIGHTNING = ROOT.parent / "shared" / "lightning-tests" / "lightning-master-7f0c3436cd.tar.gz"
@@ -169,6 +170,9 @@ class Outcome:
     messages: dict[str, str] = field(default_factory=dict)  # test id -> the failure's first lines
     seconds: float = 0.0
     returncode: int = 0
+    tree: Optional[Path] = None
+    #: New failures that passed when run again on their own: load or order, not the patches.
+    flaky: list[str] = field(default_factory=list)
 
     def count(self, outcome: str) -> int:
         return sum(1 for r in self.results.values() if r == outcome)
@@ -177,6 +181,8 @@ class Outcome:
 def test_id(classname: str, name: str, tests: Path) -> str:
     """``tests_pytorch.trainer.test_trainer.TestX`` + ``test_y`` -> ``tests_pytorch/trainer/test_trainer.py::TestX::test_y``."""
     parts = classname.split(".") if classname else []
+    if parts[:1] == [tests.name]:  # relative to the rootdir, the tree (its pyproject.toml), not to tests/
+        parts = parts[1:]
     for cut in range(len(parts), 0, -1):
         module = Path(*parts[:cut]).with_suffix(".py")
         if (tests / module).exists():
@@ -204,7 +210,7 @@ def read_junit(path: Path, tests: Path, outcome: Outcome) -> None:
 
 def run_rung(args: argparse.Namespace, base: Path, tmp: Path, spec: str, patches: list[Patch], out: Path) -> Outcome:
     outcome = Outcome(spec, rung_patches(spec, patches, args.core_subject))
-    tree = tmp / f"rung-{re.sub(r'[^A-Za-z0-9]+', '_', spec)}"
+    tree = outcome.tree = tmp / f"rung-{re.sub(r'[^A-Za-z0-9]+', '_', spec)}"
     git(tmp, "clone", "-q", str(base), str(tree))
     if outcome.patches:
         applied = git(tree, "am", "-3", "-q", *(str(p.path) for p in outcome.patches), check=False)
@@ -219,44 +225,78 @@ def run_rung(args: argparse.Namespace, base: Path, tmp: Path, spec: str, patches
         if path.endswith(".py") and Path(path).name.startswith("test_"):
             if not any(relative == s or relative.startswith(s.rstrip("/") + "/") for s in selection):
                 selection.append(relative)
-    junit = out / f"{tree.name}.xml"
-    log = out / f"{tree.name}.log"
+    started = time.monotonic()
+    print(f"\n[{spec}] {len(outcome.patches)} patches", flush=True)
+    outcome.returncode = pytest(args, tree, selection, out / tree.name)
+    outcome.seconds = time.monotonic() - started
+    if (out / f"{tree.name}.xml").exists():
+        read_junit(out / f"{tree.name}.xml", tree / "tests", outcome)
+    return outcome
+
+
+def pytest(args: argparse.Namespace, tree: Path, selection: list[str], stem: Path) -> int:
+    """Runs ``selection`` in ``tree`` as Lightning's CI does; the junit file and log are ``stem``.xml/.log."""
+    junit, log = stem.with_suffix(".xml"), stem.with_suffix(".log")
+    # not Lightning's: without `--continue-on-collection-errors`, a test module that fails to import stops the whole
+    # run (no result at all); with it, the module counts as one failure and the rest runs
     command = [args.python, "-m", "pytest", *selection, "-p", "no:cacheprovider", "--color=no", "-rfE"]
+    command += ["--continue-on-collection-errors"]
     command += [f"--junitxml={junit}", f"--timeout={args.timeout}", *(["-n", str(args.workers)] if args.workers > 1 else [])]
     command += args.pytest_args
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     started = time.monotonic()
-    print(f"\n[{spec}] {len(outcome.patches)} patches; cd {tree / 'tests'} && PYTHONPATH=src {' '.join(command[1:])}", flush=True)
+    print(f"cd {tree / 'tests'} && PYTHONPATH=src {' '.join(command[1:])}", flush=True)
     with log.open("w") as stream:
-        outcome.returncode = subprocess.run(command, cwd=tree / "tests", env=env, stdout=stream, stderr=subprocess.STDOUT).returncode
-    outcome.seconds = time.monotonic() - started
-    if junit.exists():
-        read_junit(junit, tree / "tests", outcome)
+        returncode = subprocess.run(command, cwd=tree / "tests", env=env, stdout=stream, stderr=subprocess.STDOUT).returncode
     tail = log.read_text().splitlines()[-1:] if log.exists() else []
-    print(f"[{spec}] {time.strftime('%H:%M:%S')} {outcome.seconds:.0f} s: {tail[0] if tail else 'no output'}", flush=True)
-    return outcome
+    print(f"{time.strftime('%H:%M:%S')} {time.monotonic() - started:.0f} s: {tail[0] if tail else 'no output'}", flush=True)
+    return returncode
+
+
+def new_failures(outcome: Outcome, stock: Optional[Outcome]) -> list[str]:
+    old = {t for t, r in stock.results.items() if r == "failed"} if stock else set()
+    return sorted(t for t, r in outcome.results.items() if r == "failed" and t not in old and t not in outcome.flaky)
+
+
+def recheck(args: argparse.Namespace, outcome: Outcome, stock: Optional[Outcome], out: Path) -> None:
+    """Runs a rung's new failures again, on their own: those that pass now are flaky (load, order), not new."""
+    again = [t for t in new_failures(outcome, stock) if "::" in t]  # not the modules that failed to import
+    if not again or len(again) > args.recheck or outcome.tree is None:
+        return
+    print(f"[{outcome.rung}] running its {len(again)} new failures again", flush=True)
+    rerun = Outcome(outcome.rung, outcome.patches)
+    stem = out / f"{outcome.tree.name}-recheck"
+    pytest(args, outcome.tree, again, stem)
+    if stem.with_suffix(".xml").exists():
+        read_junit(stem.with_suffix(".xml"), outcome.tree / "tests", rerun)
+    outcome.flaky = sorted(t for t in again if rerun.results.get(t) == "passed")
 
 
 def table(outcomes: list[Outcome], header: str) -> tuple[str, int]:
     stock = next((o for o in outcomes if not o.patches and o.applied), None)
     old_failures = {t for t, r in stock.results.items() if r == "failed"} if stock else set()
-    lines = [header, "", "| patches | passed | failed | skipped | new failures | seconds |", "|---|---|---|---|---|---|"]
+    lines = [header, "", "| patches | passed | failed | skipped | new failures | flaky | seconds |"]
+    lines.append("|---|---|---|---|---|---|---|")
     details: list[str] = []
     new_total = 0
     for o in outcomes:
         names = ", ".join(f"{p.number:04d}" for p in o.patches) or "none"
         label = f"{o.rung} ({names})" if o.rung not in ("none",) else "none"
         if not o.applied:
-            lines.append(f"| {label} | - | - | - | does not apply | - |")
+            lines.append(f"| {label} | - | - | - | does not apply | - | - |")
             details += [f"### {label}: `git am -3` failed", "", "```", o.apply_error[:3000], "```", ""]
             new_total += 1
             continue
-        new = sorted(t for t, r in o.results.items() if r == "failed" and t not in old_failures)
+        new = new_failures(o, stock)
         if not o.results:
             new = [f"(no results: pytest exited with {o.returncode})"]
         new_total += len(new)
         shown = "-" if o is stock else (str(len(new)) if new else "0")
-        lines.append(f"| {label} | {o.count('passed')} | {o.count('failed')} | {o.count('skipped')} | {shown} | {o.seconds:.0f} |")
+        counts = f"{o.count('passed')} | {o.count('failed')} | {o.count('skipped')}"
+        lines.append(f"| {label} | {counts} | {shown} | {len(o.flaky) if o is not stock else '-'} | {o.seconds:.0f} |")
+        if o.flaky:
+            details += [f"### {label}: failed, then passed on their own (not counted as new)", ""]
+            details += [f"- `{tid}`: {(o.messages.get(tid, '').splitlines() or [''])[0][:200]}" for tid in o.flaky] + [""]
         if new and o is not stock:
             details += [f"### {label}: {len(new)} new failures", ""]
             for tid in new[:40]:
@@ -288,7 +328,12 @@ def run(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="lightning-ci-", dir=args.tmp))
     try:
         base = base_repository(Path(args.lightning), tmp)
-        outcomes = [run_rung(args, base, tmp, spec, patches, out) for spec in rungs]
+        outcomes = []
+        for spec in rungs:
+            outcomes.append(run_rung(args, base, tmp, spec, patches, out))
+            stock = next((o for o in outcomes if not o.patches and o.applied), None)
+            if outcomes[-1] is not stock and outcomes[-1].applied:
+                recheck(args, outcomes[-1], stock, out)
     finally:
         if args.keep_trees:
             print(f"trees kept in {tmp}")
@@ -320,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     ladder.add_argument("--tests", action="append", help="instead of the default selection (relative to tests/)")
     ladder.add_argument("--workers", type=int, default=int(os.environ.get("LCP_LIGHTNING_CI_WORKERS", "1")))
     ladder.add_argument("--timeout", type=int, default=120, help="pytest-timeout's, per test (Lightning's CI: 60 s?)")
+    ladder.add_argument("--recheck", type=int, default=60, help="run a rung's new failures again, up to this many")
     ladder.add_argument("--out", help="junit files, logs and table.md (default .work/lightning-ci/TORCH)")
     ladder.add_argument("--table", help="also write the table here")
     ladder.add_argument("--tmp", help="where the trees are built (default: the system's temp directory)")
