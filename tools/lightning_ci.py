@@ -21,7 +21,11 @@ A rung (``--patches``, repeatable; default ``none``, ``core``, ``all``):
 
 It prints, and writes to ``--table`` if given, a table of passed / failed / skipped per rung with the failures that are
 new against stock (a test that fails in the rung and did not fail, or did not exist, in stock), and exits 1 if any rung
-has a new failure.
+has a new failure. Failures are run again on their own (up to ``--recheck`` of them per rung): one that passes then is
+"flaky" (a timeout on a loaded machine, say), neither a stock failure nor a new one.
+
+Not quite Lightning's CI: ``--continue-on-collection-errors`` (a test module that fails to import counts as a failure
+instead of stopping the run), ``--timeout`` 300 s by default (for a loaded machine), and ``--workers`` (pytest-xdist).
 """
 
 from __future__ import annotations
@@ -253,13 +257,20 @@ def pytest(args: argparse.Namespace, tree: Path, selection: list[str], stem: Pat
     return returncode
 
 
+def failures(outcome: Outcome) -> set[str]:
+    """What failed in ``outcome``, less what passed when run again on its own."""
+    return {t for t, r in outcome.results.items() if r == "failed" and t not in outcome.flaky}
+
+
 def new_failures(outcome: Outcome, stock: Optional[Outcome]) -> list[str]:
-    old = {t for t, r in stock.results.items() if r == "failed"} if stock else set()
-    return sorted(t for t, r in outcome.results.items() if r == "failed" and t not in old and t not in outcome.flaky)
+    return sorted(failures(outcome) - (failures(stock) if stock and stock is not outcome else set()))
 
 
 def recheck(args: argparse.Namespace, outcome: Outcome, stock: Optional[Outcome], out: Path) -> None:
-    """Runs a rung's new failures again, on their own: those that pass now are flaky (load, order), not new."""
+    """Runs a rung's new failures (stock's: all) again, on their own: those that pass now are flaky (load, order).
+
+    A stock failure that passes on its own is no failure of stock's: the same test failing with the patches is new.
+    """
     again = [t for t in new_failures(outcome, stock) if "::" in t]  # not the modules that failed to import
     if not again or len(again) > args.recheck or outcome.tree is None:
         return
@@ -274,7 +285,7 @@ def recheck(args: argparse.Namespace, outcome: Outcome, stock: Optional[Outcome]
 
 def table(outcomes: list[Outcome], header: str) -> tuple[str, int]:
     stock = next((o for o in outcomes if not o.patches and o.applied), None)
-    old_failures = {t for t, r in stock.results.items() if r == "failed"} if stock else set()
+    old_failures = failures(stock) if stock else set()
     lines = [header, "", "| patches | passed | failed | skipped | new failures | flaky | seconds |"]
     lines.append("|---|---|---|---|---|---|---|")
     details: list[str] = []
@@ -293,7 +304,7 @@ def table(outcomes: list[Outcome], header: str) -> tuple[str, int]:
         new_total += len(new)
         shown = "-" if o is stock else (str(len(new)) if new else "0")
         counts = f"{o.count('passed')} | {o.count('failed')} | {o.count('skipped')}"
-        lines.append(f"| {label} | {counts} | {shown} | {len(o.flaky) if o is not stock else '-'} | {o.seconds:.0f} |")
+        lines.append(f"| {label} | {counts} | {shown} | {len(o.flaky)} | {o.seconds:.0f} |")
         if o.flaky:
             details += [f"### {label}: failed, then passed on their own (not counted as new)", ""]
             details += [f"- `{tid}`: {(o.messages.get(tid, '').splitlines() or [''])[0][:200]}" for tid in o.flaky] + [""]
@@ -332,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
         for spec in rungs:
             outcomes.append(run_rung(args, base, tmp, spec, patches, out))
             stock = next((o for o in outcomes if not o.patches and o.applied), None)
-            if outcomes[-1] is not stock and outcomes[-1].applied:
+            if outcomes[-1].applied:
                 recheck(args, outcomes[-1], stock, out)
     finally:
         if args.keep_trees:
@@ -364,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     ladder.add_argument("--core-subject", default=CORE_SUBJECT, help="the subject with which the core's last patch starts")
     ladder.add_argument("--tests", action="append", help="instead of the default selection (relative to tests/)")
     ladder.add_argument("--workers", type=int, default=int(os.environ.get("LCP_LIGHTNING_CI_WORKERS", "1")))
-    ladder.add_argument("--timeout", type=int, default=120, help="pytest-timeout's, per test (Lightning's CI: 60 s?)")
+    ladder.add_argument("--timeout", type=int, default=300, help="pytest-timeout's limit per test, in seconds")
     ladder.add_argument("--recheck", type=int, default=60, help="run a rung's new failures again, up to this many")
     ladder.add_argument("--out", help="junit files, logs and table.md (default .work/lightning-ci/TORCH)")
     ladder.add_argument("--table", help="also write the table here")
