@@ -310,6 +310,14 @@ def table(outcomes: list[Outcome], header: str) -> tuple[str, int]:
             details += [f"- `{tid}`: {(o.messages.get(tid, '').splitlines() or [''])[0][:200]}" for tid in o.flaky] + [""]
         if new and o is not stock:
             details += [f"### {label}: {len(new)} new failures", ""]
+            causes: dict[str, int] = {}
+            for tid in new:
+                first = (o.messages.get(tid, "").splitlines() or ["?"])[0][:200]
+                causes[first] = causes.get(first, 0) + 1
+            if len(new) > 10:
+                details += ["By first line of the error:", ""]
+                details += [f"- {n} x `{cause}`" for cause, n in sorted(causes.items(), key=lambda c: -c[1])[:10]]
+                details += ["", "The tests:", ""]
             for tid in new[:40]:
                 first = o.messages.get(tid, "").splitlines()
                 details.append(f"- `{tid}`: {first[0][:300] if first else ''}")
