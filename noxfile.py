@@ -188,7 +188,7 @@ DEEPSPEED = "deepspeed==0.16.9"
 @nox.parametrize("torch", LIGHTNING_CI_TORCH)
 @discards_env
 def lightning_ci(session: nox.Session, torch: str) -> None:
-    """Lightning's own tests of what the series touches, stock, with its core, and with all of it (`tools/lightning_ci.py`).
+    """Lightning's own tests of what the series touches: stock, with the core, with all of it (`tools/lightning_ci.py`).
 
     Lightning master's tests, from its source tree (``PYTHONPATH=src``), with its test requirements and DeepSpeed, all
     constrained to ``torch``. Arguments after ``--`` go to `tools/lightning_ci.py run` (``--patches``, ``--workers``).
@@ -205,10 +205,13 @@ def lightning_ci(session: nox.Session, torch: str) -> None:
     session.install("--no-cache-dir", "-c", str(constraints), "-r", str(requirements), "pytest-xdist")
     # DeepSpeed's setup.py imports torch and pkg_resources: no build isolation, and a setuptools that still has it
     session.install("wheel<0.47", "setuptools<80.10.3")
-    session.install("--no-cache-dir", "--no-build-isolation", "-c", str(constraints), DEEPSPEED, env={"DS_BUILD_OPS": "0"})
+    session.install(
+        "--no-cache-dir", "--no-build-isolation", "-c", str(constraints), DEEPSPEED, env={"DS_BUILD_OPS": "0"}
+    )
     installed = time.monotonic()
     session.log(f"lightning_ci(torch={torch}): installed in {installed - started:.0f} s")
     try:
         session.run("python", tool, "run", "--lightning", LIGHTNING_MASTER, *session.posargs)
     finally:
-        session.log(f"lightning_ci(torch={torch}): install {installed - started:.0f} s, run {time.monotonic() - installed:.0f} s")
+        ran = time.monotonic() - installed
+        session.log(f"lightning_ci(torch={torch}): install {installed - started:.0f} s, run {ran:.0f} s")

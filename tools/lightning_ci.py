@@ -5,8 +5,8 @@
 
 `run` builds Lightning master from `--lightning` (its archive, or a clone at the series' base commit; default
 ``$LCP_LIGHTNING_MASTER``, else ``../shared/lightning-tests/lightning-master-7f0c3436cd.tar.gz`` from the repository
-root) in a temporary directory, and for each rung of the ladder `git am -3`s that rung's patches onto a fresh copy of it,
-then runs Lightning's tests the way its CI does: ``cd tests && python -m pytest tests_pytorch/...`` with
+root) in a temporary directory, and for each rung of the ladder `git am -3`s that rung's patches onto a fresh copy of
+it, then runs Lightning's tests the way its CI does: ``cd tests && python -m pytest tests_pytorch/...`` with
 ``PYTHONPATH=src`` (the source tree, not an installed Lightning) and the pytest options of Lightning's pyproject.toml.
 
 The selection: the tests of what the series changes (`utilities/test_compile.py`, `trainer/test_trainer.py`,
@@ -83,6 +83,7 @@ def lightning_root(source: Path, into: Path) -> Path:
 
 
 def requirements(args: argparse.Namespace) -> int:
+    """Writes Lightning's test requirements (`REQUIREMENT_FILES`, less `LEFT_OUT` and ``--drop``) to ``--out``."""
     with tempfile.TemporaryDirectory(prefix="lightning-ci-") as tmp:
         tree = lightning_root(Path(args.lightning), Path(tmp))
         lines = [f"# from {args.lightning}"]
@@ -104,6 +105,8 @@ def requirements(args: argparse.Namespace) -> int:
 
 @dataclass
 class Patch:
+    """One patch of the series: the number its file name starts with, the file, the subject."""
+
     number: int
     path: Path
     subject: str
@@ -129,7 +132,9 @@ def rung_patches(spec: str, patches: list[Patch], core_subject: str) -> list[Pat
     if spec == "core":
         cores = [p for p in patches if p.subject.startswith(core_subject)]
         if len(cores) != 1:
-            raise SystemExit(f"{len(cores)} patches have a subject that starts with {core_subject!r}: pass --core-subject")
+            raise SystemExit(
+                f"{len(cores)} patches have a subject that starts with {core_subject!r}: pass --core-subject"
+            )
         return [p for p in patches if p.number <= cores[0].number]
     if spec.isdigit():
         return patches[: int(spec)]
@@ -144,6 +149,7 @@ def rung_patches(spec: str, patches: list[Patch], core_subject: str) -> list[Pat
 
 
 def git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Runs git in ``cwd`` with an identity of its own; with ``check``, stops with git's output if it fails."""
     result = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **GIT_IDENTITY})
     if check and result.returncode:
         raise SystemExit(f"`git {' '.join(args)}` failed in {cwd}:\n{result.stdout}{result.stderr}")
@@ -166,6 +172,8 @@ def base_repository(source: Path, tmp: Path) -> Path:
 
 @dataclass
 class Outcome:
+    """One rung: its patches, whether they applied, and what each test did."""
+
     rung: str
     patches: list[Patch]
     applied: bool = True
@@ -179,11 +187,16 @@ class Outcome:
     flaky: list[str] = field(default_factory=list)
 
     def count(self, outcome: str) -> int:
+        """How many tests ended ``outcome`` (passed, failed, skipped)."""
         return sum(1 for r in self.results.values() if r == outcome)
 
 
 def test_id(classname: str, name: str, tests: Path) -> str:
-    """``tests_pytorch.trainer.test_trainer.TestX`` + ``test_y`` -> ``tests_pytorch/trainer/test_trainer.py::TestX::test_y``."""
+    """The pytest node id of a junit test case, relative to ``tests``.
+
+    ``tests_pytorch.trainer.test_trainer.TestX`` + ``test_y``: ``tests_pytorch/trainer/test_trainer.py::TestX::test_y``.
+
+    """
     parts = classname.split(".") if classname else []
     if parts[:1] == [tests.name]:  # relative to the rootdir, the tree (its pyproject.toml), not to tests/
         parts = parts[1:]
@@ -195,6 +208,7 @@ def test_id(classname: str, name: str, tests: Path) -> str:
 
 
 def read_junit(path: Path, tests: Path, outcome: Outcome) -> None:
+    """Adds a junit file's results to ``outcome``: the worst of a test's entries (a teardown error is a failure)."""
     rank = {"passed": 0, "skipped": 1, "failed": 2}
     for case in ET.parse(path).getroot().iter("testcase"):
         tid = test_id(case.get("classname", ""), case.get("name", ""), tests)
@@ -213,6 +227,7 @@ def read_junit(path: Path, tests: Path, outcome: Outcome) -> None:
 
 
 def run_rung(args: argparse.Namespace, base: Path, tmp: Path, spec: str, patches: list[Patch], out: Path) -> Outcome:
+    """Applies the rung's patches to a fresh clone of ``base`` and runs the selection and the tests they add there."""
     outcome = Outcome(spec, rung_patches(spec, patches, args.core_subject))
     tree = outcome.tree = tmp / f"rung-{re.sub(r'[^A-Za-z0-9]+', '_', spec)}"
     git(tmp, "clone", "-q", str(base), str(tree))
@@ -226,9 +241,9 @@ def run_rung(args: argparse.Namespace, base: Path, tmp: Path, spec: str, patches
     selection = list(args.tests or SELECTION)
     for path in added.stdout.split():
         relative = path.removeprefix("tests/")
-        if path.endswith(".py") and Path(path).name.startswith("test_"):
-            if not any(relative == s or relative.startswith(s.rstrip("/") + "/") for s in selection):
-                selection.append(relative)
+        covered = any(relative == s or relative.startswith(s.rstrip("/") + "/") for s in selection)
+        if path.endswith(".py") and Path(path).name.startswith("test_") and not covered:
+            selection.append(relative)
     started = time.monotonic()
     print(f"\n[{spec}] {len(outcome.patches)} patches", flush=True)
     outcome.returncode = pytest(args, tree, selection, out / tree.name)
@@ -245,15 +260,24 @@ def pytest(args: argparse.Namespace, tree: Path, selection: list[str], stem: Pat
     # run (no result at all); with it, the module counts as one failure and the rest runs
     command = [args.python, "-m", "pytest", *selection, "-p", "no:cacheprovider", "--color=no", "-rfE"]
     command += ["--continue-on-collection-errors"]
-    command += [f"--junitxml={junit}", f"--timeout={args.timeout}", *(["-n", str(args.workers)] if args.workers > 1 else [])]
+    command += [
+        f"--junitxml={junit}",
+        f"--timeout={args.timeout}",
+        *(["-n", str(args.workers)] if args.workers > 1 else []),
+    ]
     command += args.pytest_args
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     started = time.monotonic()
     print(f"cd {tree / 'tests'} && PYTHONPATH=src {' '.join(command[1:])}", flush=True)
     with log.open("w") as stream:
-        returncode = subprocess.run(command, cwd=tree / "tests", env=env, stdout=stream, stderr=subprocess.STDOUT).returncode
+        returncode = subprocess.run(
+            command, cwd=tree / "tests", env=env, stdout=stream, stderr=subprocess.STDOUT
+        ).returncode
     tail = log.read_text().splitlines()[-1:] if log.exists() else []
-    print(f"{time.strftime('%H:%M:%S')} {time.monotonic() - started:.0f} s: {tail[0] if tail else 'no output'}", flush=True)
+    print(
+        f"{time.strftime('%H:%M:%S')} {time.monotonic() - started:.0f} s: {tail[0] if tail else 'no output'}",
+        flush=True,
+    )
     return returncode
 
 
@@ -263,6 +287,7 @@ def failures(outcome: Outcome) -> set[str]:
 
 
 def new_failures(outcome: Outcome, stock: Optional[Outcome]) -> list[str]:
+    """What fails in ``outcome`` and not in ``stock`` (flaky ones left out of both)."""
     return sorted(failures(outcome) - (failures(stock) if stock and stock is not outcome else set()))
 
 
@@ -284,6 +309,7 @@ def recheck(args: argparse.Namespace, outcome: Outcome, stock: Optional[Outcome]
 
 
 def table(outcomes: list[Outcome], header: str) -> tuple[str, int]:
+    """The markdown table of the ladder, with the new failures of each rung; and how many new failures there are."""
     stock = next((o for o in outcomes if not o.patches and o.applied), None)
     old_failures = failures(stock) if stock else set()
     lines = [header, "", "| patches | passed | failed | skipped | new failures | flaky | seconds |"]
@@ -307,7 +333,9 @@ def table(outcomes: list[Outcome], header: str) -> tuple[str, int]:
         lines.append(f"| {label} | {counts} | {shown} | {len(o.flaky)} | {o.seconds:.0f} |")
         if o.flaky:
             details += [f"### {label}: failed, then passed on their own (not counted as new)", ""]
-            details += [f"- `{tid}`: {(o.messages.get(tid, '').splitlines() or [''])[0][:200]}" for tid in o.flaky] + [""]
+            details += [f"- `{tid}`: {(o.messages.get(tid, '').splitlines() or [''])[0][:200]}" for tid in o.flaky] + [
+                ""
+            ]
         if new and o is not stock:
             details += [f"### {label}: {len(new)} new failures", ""]
             causes: dict[str, int] = {}
@@ -327,23 +355,33 @@ def table(outcomes: list[Outcome], header: str) -> tuple[str, int]:
     if stock:
         failing = sorted(old_failures)
         details += [f"Stock failures ({len(failing)}): " + (", ".join(f"`{t}`" for t in failing) or "none"), ""]
-    return "\n".join(lines + [""] + details), new_total
+    return "\n".join([*lines, "", *details]), new_total
 
 
 def run(args: argparse.Namespace) -> int:
+    """The ladder: builds the tree, runs each rung, writes the table; 1 if any rung has a new failure."""
     patches = series(Path(args.series))
     rungs = args.patches or ["none", "core", "all"]
     if "none" not in rungs:
         rungs = ["none", *rungs]  # the baseline that "new" is measured against
     versions = subprocess.run(
-        [args.python, "-c", "import sys, torch, importlib.metadata as m\n"
-         "def v(n):\n  try: return m.version(n)\n  except Exception: return 'absent'\n"
-         "print(f'python {sys.version.split()[0]}, torch {torch.__version__}, deepspeed {v(\"deepspeed\")}, pytest {v(\"pytest\")}')"],
-        capture_output=True, text=True, check=True,
+        [
+            args.python,
+            "-c",
+            "import sys, torch, importlib.metadata as m\n"
+            "def v(n):\n  try: return m.version(n)\n  except Exception: return 'absent'\n"
+            "print(f'python {sys.version.split()[0]}, torch {torch.__version__},'\n"
+            '      f\' deepspeed {v("deepspeed")}, pytest {v("pytest")}\')',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     out = Path(args.out or ROOT / ".work" / "lightning-ci" / versions.split("torch ")[1].split(",")[0].split("+")[0])
     out.mkdir(parents=True, exist_ok=True)
-    print(f"{versions}; Lightning from {args.lightning}; series {args.series}: {len(patches)} patches; results in {out}")
+    print(
+        f"{versions}; Lightning from {args.lightning}; series {args.series}: {len(patches)} patches; results in {out}"
+    )
     tmp = Path(tempfile.mkdtemp(prefix="lightning-ci-", dir=args.tmp))
     try:
         base = base_repository(Path(args.lightning), tmp)
@@ -367,7 +405,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if new_total else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
+    """The command line: `requirements` or `run`."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     default_lightning = os.environ.get("LCP_LIGHTNING_MASTER", str(DEFAULT_LIGHTNING))
@@ -377,10 +416,14 @@ def main(argv: list[str] | None = None) -> int:
     reqs.add_argument("--drop", action="append", default=[], help="a package to leave out (repeatable)")
     ladder = commands.add_parser("run", help="the ladder: stock, then each --patches rung")
     ladder.add_argument("--lightning", default=default_lightning, help="Lightning master: its archive or a clone")
-    ladder.add_argument("--python", default=sys.executable, help="the environment's python (torch, Lightning's test requirements)")
+    ladder.add_argument(
+        "--python", default=sys.executable, help="the environment's python (torch, Lightning's test requirements)"
+    )
     ladder.add_argument("--series", default=str(SERIES))
     ladder.add_argument("--patches", action="append", help="a rung: none, core, all, N, or 1,3-5 (repeatable)")
-    ladder.add_argument("--core-subject", default=CORE_SUBJECT, help="the subject with which the core's last patch starts")
+    ladder.add_argument(
+        "--core-subject", default=CORE_SUBJECT, help="the subject with which the core's last patch starts"
+    )
     ladder.add_argument("--tests", action="append", help="instead of the default selection (relative to tests/)")
     ladder.add_argument("--workers", type=int, default=int(os.environ.get("LCP_LIGHTNING_CI_WORKERS", "1")))
     ladder.add_argument("--timeout", type=int, default=300, help="pytest-timeout's limit per test, in seconds")
