@@ -1,5 +1,6 @@
 """Sessions: `lint`, `tests`, `tests_torch`, `real_models`, `wheel`, `parity` (what CI runs), `demo`, `patches`,
-`lightning_suite`.
+`lightning_suite` (Lightning's own tests, stock and compiled), `lightning_ci` (Lightning's own tests of the files the
+series touches, on Lightning master, torch 2.1.2 and 2.9.1 with DeepSpeed; not in CI's list).
 
 torch is installed first and pinned, and every later install is constrained to it: `torch==2.13.0` is a CPU wheel on
 local disk here, while other versions are CUDA builds (about 4 GB with their nvidia libraries, which run on CPU too),
@@ -13,6 +14,7 @@ its downloads beside the installed copy. The largest session then needs about 7 
 import functools
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -215,3 +217,46 @@ def lightning_suite(session: nox.Session) -> None:
     modes = ("--selection", "ci", "--modes", "stock,compiled")
     args = ("--out", str(out), "--table", str(table), "--workers", PYTEST_WORKERS, *modes, *session.posargs)
     session.run("python", "tools/lightning_suite/run.py", *args)
+
+
+#: Lightning's CI: its "oldest" torch, and the torch of its type checks (`requirements/typing.txt`).
+LIGHTNING_CI_TORCH = ("2.1.2", "2.9.1")
+#: Lightning master at the base of `patches/lightning-master/`: its archive, or a clone at that commit.
+LIGHTNING_MASTER = os.environ.get(
+    "LCP_LIGHTNING_MASTER", str(ROOT.parent / "shared" / "lightning-tests" / "lightning-master-7f0c3436cd.tar.gz")
+)
+#: Lightning's own CI takes DeepSpeed from `requirements/pytorch/strategies.txt`; built here without its ops.
+DEEPSPEED = "deepspeed==0.16.9"
+
+
+@nox.session
+@nox.parametrize("torch", LIGHTNING_CI_TORCH)
+@discards_env
+def lightning_ci(session: nox.Session, torch: str) -> None:
+    """Lightning's own tests of what the series touches: stock, with the core, with all of it (`tools/lightning_ci.py`).
+
+    Lightning master's tests, from its source tree (``PYTHONPATH=src``), with its test requirements and DeepSpeed, all
+    constrained to ``torch``. Arguments after ``--`` go to `tools/lightning_ci.py run` (``--patches``, ``--workers``).
+    """
+    started = time.monotonic()
+    location = Path(session.virtualenv.location)
+    constraints = location / "constraints.txt"
+    constraints.write_text(f"torch=={torch}\n")
+    install_torch(session, f"torch=={torch}", constraints)
+    requirements = location / "lightning-requirements.txt"
+    tool = str(ROOT / "tools" / "lightning_ci.py")
+    session.run("python", tool, "requirements", "--lightning", LIGHTNING_MASTER, "--out", str(requirements))
+    # pytest-xdist is not Lightning's (its CI runs one process): only for `--workers N`
+    session.install("--no-cache-dir", "-c", str(constraints), "-r", str(requirements), "pytest-xdist")
+    # DeepSpeed's setup.py imports torch and pkg_resources: no build isolation, and a setuptools that still has it
+    session.install("wheel<0.47", "setuptools<80.10.3")
+    session.install(
+        "--no-cache-dir", "--no-build-isolation", "-c", str(constraints), DEEPSPEED, env={"DS_BUILD_OPS": "0"}
+    )
+    installed = time.monotonic()
+    session.log(f"lightning_ci(torch={torch}): installed in {installed - started:.0f} s")
+    try:
+        session.run("python", tool, "run", "--lightning", LIGHTNING_MASTER, *session.posargs)
+    finally:
+        ran = time.monotonic() - installed
+        session.log(f"lightning_ci(torch={torch}): install {installed - started:.0f} s, run {ran:.0f} s")
