@@ -22,13 +22,17 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests", "real_models", "wheel", "parity", "tests_torch"]
+nox.options.sessions = ["lint", "tests", "real_models", "wheel", "parity", "lightning_suite", "tests_torch"]
 
 ROOT = Path(__file__).parent
 TORCH = "torch==2.13.0"
 LIGHTNING = ("lightning==2.6.6", "pytorch-lightning==2.6.6")
 PYTEST_WORKERS = os.environ.get("LCP_PYTEST_WORKERS", "2")
 KEEP_ENVS = os.environ.get("LCP_KEEP_ENVS") == "1"
+#: Lightning master at the base of `patches/lightning-master/`: its archive, or a clone at that commit.
+LIGHTNING_MASTER = os.environ.get(
+    "LCP_LIGHTNING_MASTER", str(ROOT.parent / "shared" / "lightning-tests" / "lightning-master-7f0c3436cd.tar.gz")
+)
 
 
 #: The torch versions the behaviour suite also runs on, besides 2.13.0: the oldest supported, Lightning's CI torch, the
@@ -173,6 +177,16 @@ def parity(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *suite, env={"LCP_TARGET": "upstream"})
     harness = str(ROOT / "tools" / "upstream" / "harness")
     session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, "tools/upstream/tests", env={"PYTHONPATH": harness})
+    # the core stack alone (0001-0003 on Lightning master), as a maintainer may merge it: its tests and Lightning's own
+    # tests of the helpers it changes (a later rung once hid a bug of the core alone)
+    core_tests = [
+        "tests_pytorch/utilities/test_compile.py",
+        "tests_pytorch/utilities/test_compile_round_trip.py",
+        "tests_pytorch/strategies/test_forward_redirection.py",
+        "tests_pytorch/trainer/test_trainer_use_compile.py",
+    ]
+    tests = [arg for test in core_tests for arg in ("--tests", test)]
+    session.run("python", "tools/lightning_ci.py", "run", "--patches", "core", *tests, "--lightning", LIGHTNING_MASTER)
 
 
 #: What Lightning's own tests of the suite's selection need beside Lightning (its `requirements/pytorch/test.txt` and
@@ -212,19 +226,15 @@ def lightning_suite(session: nox.Session) -> None:
     out = Path(session.create_tmp()) / "lightning_suite"
     # the table also beside the environments: the session's own folder goes when it ends (`discards_env`)
     table = ROOT / ".nox" / "lightning_suite.md"
-    # CI's time: stock and compiled (~12 min with the install); `-- --modes stock,imported,compiled` adds the import
-    # alone, which fails where compiled fails too (its failures are a subset), and `-- --selection full` the whole run
-    modes = ("--selection", "ci", "--modes", "stock,compiled")
+    # stock, the package imported with `use_compile` unset (must be the stock table), and every Trainer compiled;
+    # `-- --selection full` is the whole tree (docs/compatibility.md), `-- --modes stock,inductor` another mode
+    modes = ("--selection", "ci", "--modes", "stock,imported,compiled")
     args = ("--out", str(out), "--table", str(table), "--workers", PYTEST_WORKERS, *modes, *session.posargs)
     session.run("python", "tools/lightning_suite/run.py", *args)
 
 
 #: Lightning's CI: its "oldest" torch, and the torch of its type checks (`requirements/typing.txt`).
 LIGHTNING_CI_TORCH = ("2.1.2", "2.9.1")
-#: Lightning master at the base of `patches/lightning-master/`: its archive, or a clone at that commit.
-LIGHTNING_MASTER = os.environ.get(
-    "LCP_LIGHTNING_MASTER", str(ROOT.parent / "shared" / "lightning-tests" / "lightning-master-7f0c3436cd.tar.gz")
-)
 #: Lightning's own CI takes DeepSpeed from `requirements/pytorch/strategies.txt`; built here without its ops.
 DEEPSPEED = "deepspeed==0.16.9"
 
