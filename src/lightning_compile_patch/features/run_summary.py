@@ -153,12 +153,21 @@ def _own_graph(compiling: CodeType) -> bool:
     frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
-        if code in _STEP_WRAPPERS:
+        if _contains(_STEP_WRAPPERS, code):
             return True
-        if code is not compiling and code not in _OUTPUT_CODES and not code.co_filename.startswith(_PASS_THROUGH):
+        ours = code is compiling or _contains(_OUTPUT_CODES, code) or code.co_filename.startswith(_PASS_THROUGH)
+        if not ours:
             return False
         frame = frame.f_back
     return False
+
+
+def _contains(codes: Any, code: CodeType) -> bool:
+    """``code in codes``, also for a code object that cannot be hashed (one whose constants hold a dict)."""
+    try:
+        return code in codes
+    except TypeError:
+        return any(item is code for item in codes)
 
 
 #: One counting backend per configuration for the process: Dynamo keys compiled code on the backend object, so that
