@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from helpers import QUIET, TORCH_2_7, ManualModel, last_summary
+from helpers import QUIET, TORCH_2_7, ManualModel, last_summary, lightning_side
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -210,3 +210,15 @@ def test_use_compile_none_or_false_runs_no_compile_feature():
     connector = Trainer(**QUIET)._compile_connector
     assert connector.features == []
     assert Trainer(use_compile=False, **QUIET)._compile_connector.features == []
+
+
+def test_step_accounting_takes_code_objects_that_cannot_be_hashed():
+    # Dynamo's own code objects can hold a dict among their constants (Lightning's closure tests under manual
+    # optimization): a set lookup of one raised "unhashable type: 'dict'" inside the backend, and the run failed
+    run_summary = lightning_side("run_summary")
+    code = (lambda: None).__code__
+    unhashable = code.replace(co_consts=(*code.co_consts, {}))
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(unhashable)
+    assert not run_summary._contains({code}, unhashable)
+    assert run_summary._contains([code, unhashable], unhashable)
