@@ -366,7 +366,7 @@ sets no process-wide state. `_verify_strategy_supports_compile` now accepts
             COMPILE_TESTS,
             '    trainer.fit(compiled_model)\n    assert trainer.model._compiler_ctx["compiler"] == "dynamo"\n',
             "    trainer.fit(compiled_model)\n"
-            "    # from torch 2.6: compiled again after the strategy's setup (`use_compile=None`), uncompiled after the run\n"
+            "    # from torch 2.6: compiled again after the wrap (`use_compile=None`), uncompiled after the run\n"
             "    if _TORCH_GREATER_EQUAL_2_6:\n"
             "        assert trainer.model._compiler_ctx is None\n"
             "    else:\n"
