@@ -26,6 +26,9 @@ from torch._dynamo.utils import counters
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
 
+#: The clocks, bound here: a test (or a user's callback) that patches `time.perf_counter` gets no calls from the run.
+_clock = time.perf_counter
+_wall_ns = time.time_ns
 #: Graph breaks that are expected: torch runs DDP's inner module call outside the outer graph on purpose
 #: (`_inside_ddp_forward`), DDP's C++ reducer and logger cannot be traced (torch 2.14 traces DDP's forward and breaks
 #: at them), and each compiled region is called from the step as an opaque function.
@@ -226,15 +229,16 @@ class _CompileReport:
         self.notes: Callable[[], list[str]] = list
         self._strategy = strategy
         self._backend = backend
-        self._start_us = 0
-        self._graphs_before = 0
-        self._breaks_before: dict[str, int] = {}
+        # the counters as the run starts: a run that fails before `start` counts nothing of earlier runs
+        self._start_us = _wall_ns() // 1000
+        self._graphs_before = counters["stats"]["unique_graphs"]
+        self._breaks_before: dict[str, int] = dict(counters["graph_break"])
         self._watch = _RecompileLimitWatch(self.summary.recompile_limit_hits)
         self._first_step: dict[bool, Optional[float]] = {}
 
     def start(self) -> None:
         """Snapshots the counters and starts watching for recompile-limit hits."""
-        self._start_us = time.time_ns() // 1000
+        self._start_us = _wall_ns() // 1000
         self._graphs_before = counters["stats"]["unique_graphs"]
         self._breaks_before = dict(counters["graph_break"])
         # Dynamo reports a recompile-limit hit only through this logger, so a filter on it is the one way to tell the
@@ -301,13 +305,13 @@ class _CompileReport:
             f"`use_compile`: compiling the first {kind} step ({self.summary.stage}, {self._backend});"
             " it takes longer than the steps after it."
         )
-        self._first_step[training] = time.perf_counter()
+        self._first_step[training] = _clock()
 
     def _announce_done(self, training: bool) -> None:
         started = self._first_step[training]
         assert started is not None
         kind = "training" if training else "evaluation"
-        rank_zero_info(f"`use_compile`: the first compiled {kind} step took {time.perf_counter() - started:.1f} s.")
+        rank_zero_info(f"`use_compile`: the first compiled {kind} step took {_clock() - started:.1f} s.")
         self._first_step[training] = None
 
     def finish(self) -> _CompileSummary:
