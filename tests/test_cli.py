@@ -4,12 +4,20 @@ import contextlib
 import io
 
 import pytest
+import torch
+import torch._dynamo
+import torch._inductor.compile_fx
 import yaml
+from torch.utils.data import DataLoader
 
-from helpers import LoggingModel, feature, last_summary
+from helpers import CountingBackend, LoggingModel, feature, last_summary
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.demos.boring_classes import RandomDataset
 
 pytest.importorskip("jsonargparse")
+
+#: The name under which `counting` registers its backend, so that a command line or a YAML config can name it.
+COUNTING = "lcp_cli_counting"
 
 QUIET_ARGS = [
     "--trainer.logger=false",
@@ -21,20 +29,77 @@ QUIET_ARGS = [
 ]
 
 
-def cli(*args, run=False):
+def cli(*args, run=False, model=LoggingModel):
     args = [*args, *QUIET_ARGS] if run else list(args)
-    return LightningCLI(LoggingModel, args=args, run=run, save_config_callback=None)
+    return LightningCLI(model, args=args, run=run, save_config_callback=None)
 
 
-def test_true_on_the_command_line():
-    config = cli("--trainer.use_compile", "true").trainer._compile_connector
-    assert config.use_compile is True
-    assert config.compile_kwargs == {}
+class ShapeRecordingBackend(CountingBackend):
+    """A counting backend that also records, per graph, whether it takes symbolic sizes (compiled as dynamic)."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.dynamic = []
+
+    def __call__(self, gm, example_inputs):
+        self.dynamic.append(any(isinstance(value, torch.SymInt) for value in example_inputs))
+        return super().__call__(gm, example_inputs)
 
 
-def test_a_dict_on_the_command_line():
-    config = cli("--trainer.use_compile", "{backend: aot_eager, dynamic: false}").trainer._compile_connector
-    assert config.compile_kwargs == {"backend": "aot_eager", "dynamic": False}
+@pytest.fixture
+def counting():
+    """A :class:`ShapeRecordingBackend` registered as ``COUNTING`` for this test: what the CLI's value compiles with."""
+    backend = ShapeRecordingBackend(COUNTING)
+    torch._dynamo.register_backend(backend, name=COUNTING)
+    yield backend
+    registry = torch._dynamo.backends.registry
+    registry._COMPILER_FNS.pop(COUNTING, None)
+    registry._BACKENDS.pop(COUNTING, None)
+
+
+@pytest.fixture
+def inductor(monkeypatch):
+    """Stands in for inductor's compiler, the default backend's: counts its graphs and runs them eagerly."""
+    backend = CountingBackend("cli-inductor")
+    monkeypatch.setattr(
+        torch._inductor.compile_fx, "compile_fx", lambda gm, example_inputs, **_: backend(gm, example_inputs)
+    )
+    return backend
+
+
+class PartialBatch(LoggingModel):
+    """One batch of 8, then one of 4: the second compiles again, as dynamic unless `dynamic=False` was given."""
+
+    def train_dataloader(self):
+        return DataLoader(RandomDataset(32, 12), batch_size=8)
+
+
+FIT_ARGS = ["--trainer.max_steps=2", "--trainer.limit_val_batches=0"]
+
+
+def test_true_on_the_command_line(inductor):
+    result = cli("fit", "--trainer.use_compile", "true", *FIT_ARGS, run=True)
+    # `True` is `torch.compile`'s defaults: the steps compiled with its default backend, inductor, and ran compiled
+    assert result.trainer.global_step == 2
+    assert inductor.graphs > 0
+    assert inductor.calls >= result.trainer.global_step
+
+
+def test_a_dict_on_the_command_line(counting, inductor):
+    cli(
+        "fit",
+        "--trainer.use_compile",
+        f"{{backend: {COUNTING}, dynamic: false}}",
+        *FIT_ARGS,
+        run=True,
+        model=PartialBatch,
+    )
+    # both keys reached `torch.compile`: its graphs ran with the backend named, and the partial batch compiled again
+    # with static sizes, where automatic dynamic shapes would have made its graph dynamic
+    assert counting.calls >= 2
+    assert len(counting.dynamic) >= 2
+    assert not any(counting.dynamic), counting.dynamic
+    assert inductor.graphs == 0
 
 
 def test_a_bad_key_on_the_command_line_raises_the_trainers_error():
@@ -62,25 +127,37 @@ def test_help_lists_use_compile(capsys):
     assert "strategy has wrapped it" in out
 
 
-def test_yaml_config_runs_fit_compiled(tmp_path):
+def test_yaml_config_runs_fit_compiled(tmp_path, counting):
     config = tmp_path / "run.yaml"
     config.write_text(
-        yaml.safe_dump({"trainer": {"max_steps": 2, "limit_val_batches": 0, "use_compile": {"backend": "eager"}}})
+        yaml.safe_dump({"trainer": {"max_steps": 2, "limit_val_batches": 0, "use_compile": {"backend": COUNTING}}})
     )
     result = cli("fit", "--config", str(config), run=True)
-    assert result.trainer._compile_connector.compile_kwargs == {"backend": "eager"}
+    assert counting.graphs > 0  # the config's backend compiled the steps
+    assert counting.calls >= 2  # and both steps ran its graphs
     assert result.trainer.global_step == 2
     assert last_summary(result.trainer).graphs > 0
 
 
-def test_print_config_round_trip(tmp_path, capsys):
-    value = {"backend": "aot_eager", "fullgraph": True, "optimize_ddp": False}
+class GraphBreak(LoggingModel):
+    def training_step(self, batch, batch_idx):
+        torch._dynamo.graph_break()
+        return super().training_step(batch, batch_idx)
+
+
+def test_print_config_round_trip(tmp_path, capsys, counting):
+    value = {"backend": COUNTING, "fullgraph": True, "optimize_ddp": False}
     with pytest.raises(SystemExit):
         cli("--trainer.use_compile", yaml.safe_dump(value, default_flow_style=True).strip(), "--print_config")
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["trainer"]["use_compile"] == value
     config = tmp_path / "printed.yaml"
     config.write_text(yaml.safe_dump(printed))
-    again = cli("--config", str(config)).trainer._compile_connector
-    assert again.compile_kwargs == {"backend": "aot_eager", "fullgraph": True}
+    again = cli("fit", "--config", str(config), *FIT_ARGS, run=True)
+    # what the printed config gives `torch.compile`: its backend compiled the steps, and they ran its graphs
+    assert counting.graphs > 0
+    assert counting.calls >= 2
     assert feature(again.trainer, "optimize_ddp").choice is False
+    # and `fullgraph=True`: a step with a graph break fails to compile, where it would otherwise run in two graphs
+    with pytest.raises(RuntimeError, match=r"graph_break\(\)"):
+        cli("fit", "--config", str(config), *FIT_ARGS, run=True, model=GraphBreak)

@@ -19,7 +19,7 @@ from torch._dynamo.utils import get_compilation_metrics
 from torch.utils.data import DataLoader
 
 from helpers import QUIET, TORCH_2_13, CountingBackend, LoggingModel, dynamo_stats, last_summary
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import RandomDataset
 
 MAX_ENTRIES_PER_CODE = 4  # see the module docstring; Dynamo's limit is 8
@@ -82,14 +82,34 @@ def test_fit_validate_test_predict_stay_within_budget(strategy, caplog):
     assert "recompile_limit" not in caplog.text
 
 
+class PerEpoch(Callback):
+    """Records the backend's graphs and graph runs at the end of every training epoch (after its validation)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.graphs, self.calls = [], []
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.graphs.append(self.backend.graphs)
+        self.calls.append(self.backend.calls)
+
+
 @pytest.mark.parametrize("strategy", ["auto", "ddp"])
 def test_fit_with_validation_within_budget(strategy):
-    trainer = Trainer(strategy=strategy, use_compile={"backend": "eager"}, max_epochs=3, **QUIET)
+    backend = CountingBackend(f"epochs-{strategy}")
+    epochs = PerEpoch(backend)
+    trainer = Trainer(strategy=strategy, use_compile={"backend": backend}, max_epochs=3, callbacks=[epochs], **QUIET)
     trainer.fit(PartialBatches())
     stats = dynamo_stats()
-    # a third epoch adds nothing: every shape and grad mode was seen in the first
-    assert stats.graphs <= 4
+    assert 0 < stats.graphs <= 4
     assert stats.max_entries_per_code <= MAX_ENTRIES_PER_CODE
+    # a third epoch adds nothing: every shape and grad mode was seen in the first
+    assert epochs.graphs == [epochs.graphs[0]] * 3
+    assert epochs.graphs[0] > 0
+    # and every epoch ran compiled graphs: 8 training and 3 validation batches each, one graph run or more per step
+    runs = [after - before for before, after in zip([0, *epochs.calls[:-1]], epochs.calls, strict=True)]
+    assert len(runs) == 3
+    assert all(n >= 8 + 3 for n in runs), runs
 
 
 @pytest.mark.parametrize("strategy", ["auto", "ddp"])

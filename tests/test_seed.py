@@ -48,15 +48,20 @@ def test_seed_setup_in_one_option_trains_two_epochs_in_two_spawned_processes(tmp
 
 
 def run_seed(model: str, tmp_path) -> subprocess.CompletedProcess:
+    # a cache of the test's own, so that inductor compiles from scratch: it wins over one the process inherited (torch
+    # sets the variable in this process at its first inductor compile, so an earlier inductor test can leave one)
+    cache = tmp_path / "inductor"
     result = subprocess.run(
         [sys.executable, str(SEED), "--model", model],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=600,
-        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **_env()},
+        env={**_env(), "TORCHINDUCTOR_CACHE_DIR": str(cache)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    # inductor compiled into that cache
+    assert list(cache.rglob("*.py")), f"inductor wrote no code to {cache}"
     return result
 
 

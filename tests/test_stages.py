@@ -20,12 +20,17 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 STAGE_LIMITS = {"limit_train_batches": 4, "limit_val_batches": 2, "limit_test_batches": 2, "limit_predict_batches": 2}
 
 
-def run_all_stages(strategy, use_compile):
+def run_all_stages(strategy, use_compile, callbacks=()):
     seed_everything(7)
     model = LoggingModel()
     probe = StateProbe()
     trainer = Trainer(
-        strategy=strategy, use_compile=use_compile, max_epochs=1, callbacks=[probe], **QUIET, **STAGE_LIMITS
+        strategy=strategy,
+        use_compile=use_compile,
+        max_epochs=1,
+        callbacks=[probe, *callbacks],
+        **QUIET,
+        **STAGE_LIMITS,
     )
     metrics = {}
     trainer.fit(model)
@@ -41,9 +46,50 @@ def run_all_stages(strategy, use_compile):
 STEPS = ["predict_step", "test_step", "training_step", "validation_step"]
 
 
+class CompiledCallsPerStep(Callback):
+    """Records, for every batch of every stage, how many compiled graphs of ``backend`` ran during its step."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.calls = {}
+
+    def _start(self, *args):
+        self._before = self.backend.calls
+
+    def _end(self, trainer, stage):
+        if trainer.sanity_checking:
+            stage = "sanity"
+        elif stage == "validate" and trainer.state.fn == "fit":
+            stage = "fit_validate"
+        self.calls.setdefault(stage, []).append(self.backend.calls - self._before)
+
+    on_train_batch_start = on_validation_batch_start = on_test_batch_start = on_predict_batch_start = _start
+
+    def on_train_batch_end(self, trainer, *args):
+        self._end(trainer, "train")
+
+    def on_validation_batch_end(self, trainer, *args):
+        self._end(trainer, "validate")
+
+    def on_test_batch_end(self, trainer, *args):
+        self._end(trainer, "test")
+
+    def on_predict_batch_end(self, trainer, *args):
+        self._end(trainer, "predict")
+
+
+#: The batches each stage of `run_all_stages` runs: the sanity check's 2, then `STAGE_LIMITS`.
+STAGE_BATCHES = {"sanity": 2, "train": 4, "fit_validate": 2, "validate": 2, "test": 2, "predict": 2}
+
+
 @pytest.mark.parametrize("strategy", ["auto", "ddp"])
 def test_every_stage_runs_compiled(strategy):
-    seen, _, _ = run_all_stages(strategy, {"backend": CountingBackend()})
+    backend = CountingBackend(f"stages-{strategy}")
+    calls = CompiledCallsPerStep(backend)
+    seen, _, _ = run_all_stages(strategy, {"backend": backend}, callbacks=[calls])
+    # every step of every stage ran compiled graphs: installing the compiled call is not enough
+    assert {stage: len(n) for stage, n in calls.calls.items()} == STAGE_BATCHES
+    assert all(n > 0 for per_batch in calls.calls.values() for n in per_batch), calls.calls
     if strategy == "ddp":
         # while fitting, DDP wraps the module and every step goes through its compiled forward
         for stage in ("sanity", "train"):
@@ -84,8 +130,14 @@ def test_logging_causes_no_graph_break(strategy):
 
 def test_fullgraph_works_with_a_model_that_logs():
     """`self.log` is replayed outside the graph, so `fullgraph=True` holds on one device."""
-    run_all_stages("auto", {"backend": "eager", "fullgraph": True})
+    backend = CountingBackend("fullgraph")
+    calls = CompiledCallsPerStep(backend)
+    run_all_stages("auto", {"backend": backend, "fullgraph": True}, callbacks=[calls])
     assert dynamo_stats().graph_breaks == {}
+    # and the steps did compile and run as graphs: with nothing compiled there would be no break either
+    assert backend.graphs > 0
+    assert {stage: len(n) for stage, n in calls.calls.items()} == STAGE_BATCHES
+    assert all(n > 0 for per_batch in calls.calls.values() for n in per_batch), calls.calls
 
 
 #: On torch 2.6 the compiled call still starts at DDP's forward, but Dynamo runs that forward eagerly.
