@@ -36,7 +36,7 @@ INDUCTOR_DIR_AT_START = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 from torch._dynamo.backends.distributed import DDPOptimizer  # noqa: E402
 
 import lightning  # noqa: E402
-import lightning_compile_patch  # noqa: E402, F401  (patches the Trainer: `use_compile`)
+import lightning_compile_patch  # noqa: E402  (patches the Trainer: `use_compile`)
 from lightning.pytorch import Callback, Trainer  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 from lightning_compile_patch.demos.gpt import GPT, GPTConfig, GPTModule, NextTokenData, parameter_count  # noqa: E402
@@ -305,7 +305,7 @@ def run_lightning(spec: RunSpec, device: torch.device) -> Optional[dict[str, Any
     trainer.fit(torch.compile(module, backend=spec.compile_backend) if spec.compile_input else module)
     if trainer.global_rank != 0:
         return None
-    summary = next((f.last_summary for f in trainer._compile_connector.features if hasattr(f, "last_summary")), None)
+    summary = lightning_compile_patch.last_summary(trainer)
     loss = trainer.callback_metrics.get("train_loss")
     tokens = config.batch_size * config.block_size * trainer.world_size
     return {
@@ -352,7 +352,7 @@ def run_hf_llama(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     options = dict(accelerator=spec.accelerator, devices=1, precision=spec.precision, max_steps=steps)
     trainer = Trainer(use_compile=spec.use_compile, callbacks=[timer], **options, **QUIET)
     trainer.fit(module)
-    summary = next((f.last_summary for f in trainer._compile_connector.features if hasattr(f, "last_summary")), None)
+    summary = lightning_compile_patch.last_summary(trainer)
     return {
         "parameters": sum(p.numel() for p in module.parameters()),
         "compile_summary": vars(summary) if summary is not None else None,

@@ -318,7 +318,7 @@ def feature(trainer: Trainer, name: str) -> Any:
 
 def last_summary(trainer: Trainer) -> Any:
     """What the compiler did in the Trainer's last run that compiled anything (the run summary feature's record)."""
-    return feature(trainer, "run_summary").last_summary
+    return trainer._compile_connector.last_summary
 
 
 class BackwardGraphs:

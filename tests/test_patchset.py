@@ -56,7 +56,9 @@ def test_new_files_are_the_package_modules_with_lightning_imports():
     ast.parse(feature)
 
 
-def test_the_core_adds_at_most_250_lines_under_src():
+def test_the_core_adds_at_most_400_lines_under_src():
+    # 250 until the core took over what features shared: the run's compile arguments as values, and one owner of the
+    # process-wide state a run changes, with its scopes and the one-run-per-process guard (docs/design.md)
     number = len(series.CORE_STACK)
     for base_name in series.BASES:
         core = next(iter(sorted(patchset.series_dir(base_name).glob(f"{number:04d}-*.patch")))).read_text()
@@ -67,7 +69,7 @@ def test_the_core_adds_at_most_250_lines_under_src():
             for line in section.splitlines()
             if line.startswith("+") and not line.startswith("+++")
         ]
-        assert len(added) <= 250, base_name
+        assert len(added) <= 400, base_name
 
 
 def test_the_core_stack_is_two_fixes_then_the_core():
@@ -85,8 +87,10 @@ def test_each_later_patch_adds_one_feature_module_and_edits_no_core_code():
     core_paths = {patchset.upstream_path("connector"), series.TRAINER, series.COMPILE_UTILS, series.STRATEGY}
     for base_name in series.BASES:
         for patch in series.series(base_name)[len(series.CORE_STACK) :]:
-            assert len(patch.modules) == 1
-            assert patch.modules[0].startswith("features.")
+            # one feature module; the run's compile errors come with `fallback`, which builds on them
+            expected = 2 if patch.subject == series.FALLBACK.subject else 1
+            assert len(patch.modules) == expected, patch.subject
+            assert all(module.startswith("features.") for module in patch.modules)
             assert not {edit.path for edit in patch.edits} & core_paths, patch.subject
 
 

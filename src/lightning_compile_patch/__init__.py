@@ -25,8 +25,7 @@ def last_summary(trainer: Any) -> Optional[Any]:
     eager steps, seconds. ``None`` before such a run.
     """
     connector = getattr(trainer, "_compile_connector", None)
-    features = connector.features if connector is not None else []
-    return next((f.last_summary for f in features if hasattr(f, "last_summary")), None)
+    return connector.last_summary if connector is not None else None
 
 
 apply()

@@ -285,9 +285,11 @@ def _patched_teardown(teardown: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(teardown)
     def _teardown(self: Any) -> None:
         connector = getattr(self, "_compile_connector", None)
-        if connector is not None:
-            connector.teardown()
-        teardown(self)
+        try:
+            if connector is not None:
+                connector.teardown()
+        finally:
+            teardown(self)
 
     return _teardown
 

@@ -46,9 +46,7 @@ _process: list[str] = []
 
 def _summary_of(trainer: Any) -> Optional[Any]:
     """The compile summary of ``trainer``'s last run that compiled, on either target (see ``last_summary``)."""
-    connector = getattr(trainer, "_compile_connector", None)
-    features = getattr(connector, "features", None) or []
-    return next((f.last_summary for f in features if hasattr(f, "last_summary")), None)
+    return getattr(getattr(trainer, "_compile_connector", None), "last_summary", None)
 
 
 def _run_record(fn: str, summary: Any, error: Optional[BaseException]) -> dict[str, Any]:

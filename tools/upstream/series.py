@@ -158,6 +158,17 @@ _LIMITATION_DDP = (
     " `Apply torch.compile in configure_model`_ above.\n"
 )
 
+#: Lightning's own `Trainer._teardown`, which runs even when the connector's teardown raises.
+_LIGHTNING_TEARDOWN = """\
+        self.strategy.teardown()
+        loop = self._active_loop
+        # loop should never be `None` here but it can because we don't know the trainer stage with `ddp_spawn`
+        if loop is not None:
+            loop.teardown()
+        self._logger_connector.teardown()
+        self._signal_connector.teardown()
+"""
+
 _FIXED_REDIRECTION = (
     "- Fixed `_ForwardRedirection` leaving the LightningModule's `forward` patched when the wrapped call raises, so"
     f" that the next call of `forward` ran a step method {ISSUE}"
@@ -306,9 +317,11 @@ sets no process-wide state. `_verify_strategy_supports_compile` now accepts
         ),
         Replace(
             TRAINER,
-            '        those are handled by :meth:`_call_teardown_hook`."""\n        self.strategy.teardown()\n',
+            '        those are handled by :meth:`_call_teardown_hook`."""\n' + _LIGHTNING_TEARDOWN,
             '        those are handled by :meth:`_call_teardown_hook`."""\n'
-            "        self._compile_connector.teardown()\n        self.strategy.teardown()\n",
+            "        try:\n            self._compile_connector.teardown()\n        finally:\n"
+            + _indent(_LIGHTNING_TEARDOWN, 4)
+            + "\n",
         ),
         Replace(
             COMPILE_UTILS,
@@ -390,13 +403,14 @@ def _feature(
     entry: str,
     slot: int,
     more_tests: tuple[str, ...] = (),
+    modules: tuple[str, ...] = (),
     **kwargs: object,
 ) -> Patch:
     """A later patch: one feature module, its tests (``test_compile_<name>.py``, ``more_tests``), docs and CHANGELOG."""
     return Patch(
         subject=subject,
         body=body,
-        modules=(f"features.{name}",),
+        modules=modules or (f"features.{name}",),
         tests=(f"tests_pytorch/trainer/connectors/test_compile_{name}.py", *more_tests),
         edits=(_section_before(docs_before, name), *_changelog_added(entry, slot)),
         **kwargs,  # type: ignore[arg-type]
@@ -467,6 +481,7 @@ the stage, the strategy and the `use_compile` value, after every module is uncom
     "A note about torch.compile in practice",
     f'- Added `Trainer(use_compile={{"fallback": "eager"}})` to continue uncompiled when compilation fails {ISSUE}',
     1,
+    modules=("features.compile_errors", "features.fallback"),
 )
 OPTIMIZE_DDP = _feature(
     "optimize_ddp",

@@ -26,6 +26,7 @@ import os
 import platform
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -33,7 +34,7 @@ import torch
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
 
 _MAGIC = b"LIGHTNING-COMPILE-CACHE 1\n"
 _INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -111,11 +112,10 @@ def _describe(value: Any) -> Union[str, int, float, bool, list, dict, None]:
     return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
 
 
-def _warm_start(
-    cache: str, trainer: "pl.Trainer", compile_kwargs: dict, regions: Any, shared: bool = False
-) -> Callable[[], None]:
+def _warm_start(connector: _CompileConnector, cache: str, shared: bool = False) -> Callable[[], None]:
     """Loads this configuration's artifacts for this rank, and returns the function that saves them at the end."""
-    configuration = _configuration(trainer, compile_kwargs, regions)
+    trainer = connector.trainer
+    configuration = _configuration(trainer, dict(connector.given or {}), connector.options.keys.get("regions"))
     key = hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(cache) / f"{type(trainer.lightning_module).__name__}-{key}"
     artifacts = folder / f"rank{trainer.global_rank}.bin"
@@ -128,34 +128,19 @@ def _warm_start(
         )
         return lambda: None
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    restore_env = _use_inductor_dir(folder / "inductor")
+    _use_inductor_dir(connector, folder / "inductor")
     _load(artifacts, configuration)
-
-    def save_and_restore() -> None:
-        try:
-            _save(artifacts, configuration)
-        finally:
-            restore_env()
-
-    return save_and_restore
+    return lambda: _save(artifacts, configuration)
 
 
-def _use_inductor_dir(path: Path) -> Callable[[], None]:
-    """Points inductor's on-disk cache at ``path`` for the run, unless the user chose a directory; returns the undo."""
+def _use_inductor_dir(connector: _CompileConnector, path: Path) -> None:
+    """Points inductor's on-disk cache at ``path`` for the run, unless the user chose a directory."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     previous = os.environ.get(_INDUCTOR_DIR_ENV)
     if previous is not None and os.path.abspath(previous) != os.path.abspath(default_cache_dir()):
-        return lambda: None  # set by the user (inductor sets it to its default on first use)
-    os.environ[_INDUCTOR_DIR_ENV] = str(path)
-
-    def undo() -> None:
-        if previous is None:
-            os.environ.pop(_INDUCTOR_DIR_ENV, None)
-        else:
-            os.environ[_INDUCTOR_DIR_ENV] = previous
-
-    return undo
+        return  # set by the user (inductor sets it to its default on first use)
+    connector.setenv(_INDUCTOR_DIR_ENV, str(path), scope="run")
 
 
 def _load(path: Path, configuration: dict[str, Any]) -> None:
@@ -206,29 +191,23 @@ class _Cache(_CompileFeature):
         "cache": "a directory for compiled artifacts, to start warm next time; True for the default",
         "cache_shared": "True to trust a cache directory that others can write (default False)",
     }
-    order = 30
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        super().__init__(options)
-        self.cache = _parse_cache_dir(options.get("cache"))
+    def __init__(self, options: _CompileOptions) -> None:
+        self.cache = _parse_cache_dir(options.keys.get("cache"))
         if self.cache is not None and not hasattr(torch.compiler, "save_cache_artifacts"):
             raise RuntimeError(
                 "`Trainer(use_compile={'cache': ...})` needs torch 2.7 or newer (for `save_cache_artifacts`), but torch"
                 f" {torch.__version__} is installed. Upgrade torch, or leave 'cache' out."
             )
-        self.shared = options.get("cache_shared", False)
+        self.shared = options.keys.get("cache_shared", False)
         if not isinstance(self.shared, bool):
             raise TypeError(f"`Trainer(use_compile={{'cache_shared': {self.shared!r}}})` must be a bool.")
-        self._compile_kwargs: dict[str, Any] = {}
         self._save: Optional[Callable[[], None]] = None
 
-    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
-        self._compile_kwargs = dict(connector.run_kwargs or {})  # as given, before other features change them
-
-    def setup(self, connector: _CompileConnector) -> None:
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         if self.cache is not None:
-            regions = connector.use_compile.get("regions") if isinstance(connector.use_compile, dict) else None
-            self._save = _warm_start(self.cache, connector.trainer, self._compile_kwargs, regions, self.shared)
+            self._save = _warm_start(connector, self.cache, self.shared)
+        return {}
 
     def teardown(self, connector: _CompileConnector) -> None:
         save, self._save = self._save, None

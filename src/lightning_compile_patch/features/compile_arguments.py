@@ -1,7 +1,8 @@
 """Checks the ``torch.compile`` arguments of ``use_compile`` when the Trainer is built, not at the first step.
 
-``torch.compile`` checks its backend, mode and options only when it compiles, minutes into a run, after the data has
-been prepared and the model moved to the device. Here ``torch.compile`` checks them itself, when the Trainer is built:
+``torch.compile`` checks its backend, mode and options when it is called, and the Trainer calls it after the strategy
+has set the model up, minutes into a run, after the data has been prepared. Here ``torch.compile`` checks them itself,
+when the Trainer is built:
 a dry call on a function that is never run builds the backend, which looks up its name and applies the mode and the
 options, so every value torch accepts passes and every value it refuses fails with its own reason. What torch takes
 without a check (the type of a flag, of the backend) is checked here. (A model compiled before it is passed in had its
@@ -15,15 +16,14 @@ from typing import Any
 
 import torch
 
-from lightning_compile_patch.connector import _CompileFeature, _torch_compile_keys
+from lightning_compile_patch.connector import _CompileFeature, _CompileOptions
 
 
 class _CompileArguments(_CompileFeature):
     """Checks the arguments with ``torch.compile`` itself, and the types it does not check."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        super().__init__(options)
-        _check_compile_kwargs({key: value for key, value in options.items() if key in _torch_compile_keys()})
+    def __init__(self, options: _CompileOptions) -> None:
+        _check_compile_kwargs(options.torch_kwargs)
 
 
 def _never_run() -> None:
@@ -55,7 +55,7 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
         torch.compile(_never_run, **kwargs)
     except Exception as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        names = torch._dynamo.list_backends(exclude_tags=()) if isinstance(backend, str) else []
+        names = torch.compiler.list_backends(exclude_tags=()) if isinstance(backend, str) else []
         close = [name for name in difflib.get_close_matches(str(backend), names, n=1) if name != backend]
         hint = f" Did you mean {close[0]!r}?" if close else ""
         kind = TypeError if reason.startswith("Unexpected type") else ValueError  # an option of the wrong type

@@ -21,7 +21,6 @@ the run ends           remove the reducer's gradient hooks, restore     or a lat
 
 """
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -34,11 +33,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.imports import _TORCH_GREATER_EQUAL_2_6
-from lightning_compile_patch.connector import (
-    _CompileConnector,
-    _CompileFeature,
-    _torch_compile_keys,
-)
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions, _torch_compile_keys
 
 _KEY = "compiled_autograd"
 _DDP_FILE = "torch.nn.parallel.distributed"
@@ -61,14 +56,12 @@ class _CompiledAutograd(_CompileFeature):
     keys = {
         _KEY: "True, or a dict of `torch.compile` arguments for the backward: compile the backward (compiled autograd)"
     }
-    order = 45  # after `optimize_ddp` (40), whose value it replaces under DDP, and restores first
+    order = 45
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        super().__init__(options)
-        self.value = options.get(_KEY)
+    def __init__(self, options: _CompileOptions) -> None:
+        self.value = options.keys.get(_KEY)
         self.enabled = self.value is not None and self.value is not False
-        self._stack = contextlib.ExitStack()
-        self._captures = 0
+        self._captures: Optional[int] = None
         if not self.enabled:
             return
         if self.value is not True and not isinstance(self.value, Mapping):
@@ -83,13 +76,13 @@ class _CompiledAutograd(_CompileFeature):
                 f"`Trainer(use_compile={{'{_KEY}': {{{unknown[0]!r}: ...}}}})` is not a `torch.compile` argument."
                 f" Valid keys: {_torch_compile_keys()}."
             )
-        if options.get("optimize_ddp", "auto") not in ("auto", "python_reducer"):
+        if options.keys.get("optimize_ddp", "auto") not in ("auto", "python_reducer"):
             raise ValueError(
-                f"`Trainer(use_compile={{'{_KEY}': ..., 'optimize_ddp': {options['optimize_ddp']!r}}})` conflict:"
+                f"`Trainer(use_compile={{'{_KEY}': ..., 'optimize_ddp': {options.keys['optimize_ddp']!r}}})` conflict:"
                 " under DDP, compiled autograd needs DDP's python reducer. Remove 'optimize_ddp', or set it to"
                 " 'python_reducer'."
             )
-        if options.get("fallback") is not None:
+        if options.keys.get("fallback") is not None:
             raise ValueError(
                 f"`Trainer(use_compile={{'{_KEY}': ..., 'fallback': ...}})` cannot be combined: after a compile error"
                 " the run would go on with the backward still compiled and, under DDP, with the python reducer. Remove"
@@ -130,27 +123,16 @@ class _CompiledAutograd(_CompileFeature):
             )
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
+        self._captures = counters["compiled_autograd"]["captures"] if self.enabled else None
         if not self.enabled:
             return
-        self._captures = counters["compiled_autograd"]["captures"]
         trainer = connector.trainer
         if isinstance(trainer.strategy, DDPStrategy) and trainer.state.fn == TrainerFn.FITTING:  # DDP wraps to fit only
-            self._use_python_reducer()
+            _use_python_reducer(connector)
 
-    def _use_python_reducer(self) -> None:
-        """Sets the python reducer for the DDP built next; the stack restores what this and DDP set for the process."""
-        previous = dynamo_config.optimize_ddp
-        self._stack.callback(setattr, dynamo_config, "optimize_ddp", previous)
-        inductor_config = torch._inductor.config
-        for name in _INDUCTOR_SETTINGS:
-            self._stack.callback(setattr, inductor_config, name, getattr(inductor_config, name))
-        if _DDP_FILE not in torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST:
-            self._stack.callback(_stop_inlining_ddp)
-        dynamo_config.optimize_ddp = "python_reducer"
-
-    def setup(self, connector: _CompileConnector) -> None:
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         if not self.enabled:
-            return
+            return {}
         wrapper = connector.trainer.strategy.model
         if isinstance(wrapper, DistributedDataParallel):
             if not wrapper._use_python_reducer:
@@ -159,13 +141,14 @@ class _CompiledAutograd(_CompileFeature):
                     " reducer, which compiled autograd cannot trace: `torch._dynamo.config.optimize_ddp` was changed"
                     " after `fit` started (in a `setup` or `configure_model` hook?). Leave it to `use_compile`."
                 )
-            self._stack.callback(_remove_reducer_hooks, wrapper)
+            connector.callback(_remove_reducer_hooks, wrapper, scope="run")
         backward_kwargs = connector.run_kwargs if self.value is True else self.value
         switch = _switch()
         assert switch is not None
-        self._stack.enter_context(switch(torch.compile(**(backward_kwargs or {}))))
+        connector.enter(switch(torch.compile(**(backward_kwargs or {}))), scope="run")
+        return {}
 
-    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable) -> Callable:
+    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
         wrapper = connector.trainer.strategy.model
         if not self.enabled or not isinstance(wrapper, DistributedDataParallel) or not wrapper._use_python_reducer:
             return compiled
@@ -185,13 +168,20 @@ class _CompiledAutograd(_CompileFeature):
     @property
     def summary_note(self) -> Optional[str]:
         """How many backward graphs compiled autograd compiled in this run, for the run's summary line."""
-        if not self.enabled:
+        if self._captures is None:
             return None
         captures = counters["compiled_autograd"]["captures"] - self._captures
         return f"compiled autograd: {captures} backward graph{'s' if captures != 1 else ''} compiled"
 
-    def teardown(self, connector: _CompileConnector) -> None:
-        self._stack.close()
+
+def _use_python_reducer(connector: _CompileConnector) -> None:
+    """Sets the python reducer for the DDP built next; the connector restores what this and DDP set for the process."""
+    connector.replace(dynamo_config, "optimize_ddp", "python_reducer", scope="run")
+    inductor_config = torch._inductor.config
+    for name in _INDUCTOR_SETTINGS:  # DDP sets them when it is built: they are put back when the run ends
+        connector.replace(inductor_config, name, getattr(inductor_config, name), scope="run")
+    if _DDP_FILE not in torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST:
+        connector.callback(_stop_inlining_ddp, scope="run")
 
 
 def _remove_reducer_hooks(wrapper: DistributedDataParallel) -> None:

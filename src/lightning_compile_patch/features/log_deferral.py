@@ -8,12 +8,13 @@ step replays the records eagerly, in order, as soon as it returns. Outside a com
 """
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
 
 _LOG_METHODS = ("log", "log_dict")
 
@@ -21,28 +22,12 @@ _LOG_METHODS = ("log", "log_dict")
 class _LogBoundary:
     """Defers the logging calls of one module while its steps are being traced, and replays them afterwards."""
 
-    def __init__(self, module: nn.Module) -> None:
-        self._module = module
+    def __init__(self, connector: _CompileConnector, module: nn.Module) -> None:
         self._pending: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-        self._eager: dict[str, Callable[..., Any]] = {}
-
-    def install(self) -> Callable[[], None]:
-        """Replaces ``log`` and ``log_dict`` on the module instance, and returns the function that undoes it."""
-        module = self._module
-        shadowed = {name: module.__dict__[name] for name in _LOG_METHODS if name in module.__dict__}
+        self._eager = {name: getattr(module, name) for name in _LOG_METHODS}
         for name in _LOG_METHODS:
-            self._eager[name] = getattr(module, name)
-            setattr(module, name, self._deferring(name))
-
-        def uninstall() -> None:
-            self._pending.clear()
-            for name in _LOG_METHODS:
-                if name in shadowed:
-                    setattr(module, name, shadowed[name])
-                else:
-                    module.__dict__.pop(name, None)
-
-        return uninstall
+            connector.replace(module, name, self._deferring(name))
+        connector.callback(self._pending.clear)
 
     def _deferring(self, name: str) -> Callable[..., None]:
         """The replacement for one logging method."""
@@ -93,23 +78,19 @@ class _LogDeferral(_CompileFeature):
 
     order = 10
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        super().__init__(options)
+    def __init__(self, options: _CompileOptions) -> None:
         self._boundary: Optional[_LogBoundary] = None
-        self._uninstall: Optional[Callable[[], None]] = None
 
-    def setup(self, connector: _CompileConnector) -> None:
-        self._boundary = _LogBoundary(connector.trainer.lightning_module)
-        self._uninstall = self._boundary.install()
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+        self._boundary = _LogBoundary(connector, connector.trainer.lightning_module)
+        return {}
 
-    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable) -> Callable:
+    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
         assert self._boundary is not None
         return self._boundary.around(compiled, original=original)
 
     def teardown(self, connector: _CompileConnector) -> None:
-        uninstall, self._uninstall = self._uninstall, None
-        if uninstall is not None:
-            uninstall()
+        self._boundary = None
 
 
 FEATURE = _LogDeferral

@@ -9,7 +9,8 @@ around each metric call and is compiled once.
 """
 
 import sys
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -21,32 +22,16 @@ _METHODS = ("forward", "update", "compute")
 class _Metrics(_CompileFeature):
     """Keeps the metrics of the model out of the compiled graphs for the run."""
 
-    order = 15
-
-    def setup(self, connector: _CompileConnector) -> None:
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         if "torchmetrics" not in sys.modules:  # no metric can exist, and importing it would be slow
-            return
+            return {}
         from torchmetrics import Metric
 
         for metric in connector.trainer.lightning_module.modules():
             if isinstance(metric, Metric):
-                connector.undo.append(_outside_graphs(metric))
-
-
-def _outside_graphs(metric: torch.nn.Module) -> Callable[[], None]:
-    """Compiler-disables ``metric``'s methods on the instance; returns the function that puts them back."""
-    shadowed: dict[str, Any] = {name: metric.__dict__[name] for name in _METHODS if name in metric.__dict__}
-    for name in _METHODS:
-        setattr(metric, name, torch.compiler.disable(getattr(metric, name)))
-
-    def restore() -> None:
-        for name in _METHODS:
-            if name in shadowed:
-                setattr(metric, name, shadowed[name])
-            else:
-                metric.__dict__.pop(name, None)
-
-    return restore
+                for name in _METHODS:
+                    connector.replace(metric, name, torch.compiler.disable(getattr(metric, name)))
+        return {}
 
 
 FEATURE = _Metrics

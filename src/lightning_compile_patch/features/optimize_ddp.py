@@ -6,15 +6,15 @@ host overhead, so ``"auto"`` (the default) splits only with more than one proces
 
 """
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch._dynamo.config as dynamo_config
 
 from lightning.pytorch.strategies import DDPStrategy
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
 
 _CHOICES = ("auto", True, False, "ddp_optimizer", "python_reducer", "no_optimization")
-_UNSET = object()
 
 
 class _OptimizeDDP(_CompileFeature):
@@ -23,38 +23,32 @@ class _OptimizeDDP(_CompileFeature):
     keys = {"optimize_ddp": "how DDP's graph is split into buckets: 'auto' (default), True, False or a torch mode name"}
     order = 40
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        super().__init__(options)
-        self.choice = options.get("optimize_ddp", "auto")
+    def __init__(self, options: _CompileOptions) -> None:
+        self.choice = options.keys.get("optimize_ddp", "auto")
         # `True == 1` in Python: compare types too, so that `optimize_ddp=1` is refused rather than taken for `True`
         if not any(type(self.choice) is type(choice) and self.choice == choice for choice in _CHOICES):
             raise ValueError(
                 f"`Trainer(use_compile={{'optimize_ddp': {self.choice!r}}})` is not supported. Choose one of:"
                 f" {', '.join(map(repr, _CHOICES))}."
             )
-        self._previous: Any = _UNSET
 
     def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
         strategy = connector.trainer.strategy
         if not isinstance(strategy, DDPStrategy):
             return
         # A process-wide Dynamo setting, read when DDP's call is compiled, and for "python_reducer" when DDP is built:
-        # so it is set here, before the strategy wraps the model, and restored in `teardown` on every path.
-        self._previous = dynamo_config.optimize_ddp
-        dynamo_config.optimize_ddp = _resolve(self.choice, strategy.world_size, self._previous)
+        # so it is set here, before the strategy wraps the model, and restored when the run ends, on every path.
+        value = _resolve(self.choice, strategy.world_size, dynamo_config.optimize_ddp)
+        connector.replace(dynamo_config, "optimize_ddp", value, scope="run")
 
-    def setup(self, connector: _CompileConnector) -> None:
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         wrapper = connector.trainer.strategy.model
         if dynamo_config.optimize_ddp == "python_reducer" and not getattr(wrapper, "_use_python_reducer", True):
             raise RuntimeError(
                 "`use_compile={'optimize_ddp': 'python_reducer'}` was set before DDP was built, but DDP uses its C++"
                 " reducer. Remove `bucket_cap_mb_list` or other DDP arguments the python reducer does not support."
             )
-
-    def teardown(self, connector: _CompileConnector) -> None:
-        if self._previous is not _UNSET:
-            dynamo_config.optimize_ddp = self._previous
-            self._previous = _UNSET
+        return {}
 
 
 def _resolve(choice: Any, world_size: int, current: Any) -> Any:

@@ -24,7 +24,8 @@ opaque function, so that its own compiled graph does not trace into the blocks a
 import enum
 import inspect
 import types
-from typing import Any, Callable, Optional, Union
+from collections.abc import Mapping
+from typing import Any, Callable, Union
 
 import torch
 from torch import nn
@@ -33,9 +34,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
 
-_MISSING = object()
 #: Whether ``torch.compile`` can keep a call's compiled entries apart from other calls of the same code (torch 2.13+).
 _TORCH_ISOLATES_RECOMPILES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 
@@ -204,14 +204,18 @@ def _own_code(forward: Callable[..., Any]) -> Callable[..., Any]:
     return types.FunctionType(code, region.__globals__, region.__name__, None, region.__closure__)
 
 
-def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, Any], shared: bool) -> Callable[[], None]:
-    """Compiles each region in place, as a call the surrounding compiled step does not trace into; returns the undo.
+def _compile_regions(
+    regions: dict[str, nn.Module], compile_kwargs: Mapping[str, Any], shared: bool, replace: Callable = setattr
+) -> None:
+    """Compiles each region in place, as a call the surrounding compiled step does not trace into.
+
+    ``replace(module, name, value)`` sets the compiled call on each region (the connector's records it, for the undo).
 
     ``shared``: the regions are identical blocks, which share one compiled graph. Otherwise each region keeps its
     compiled entries apart; identical graphs among them still reuse inductor's compiled code through its caches.
 
     """
-    kwargs = _region_compile_kwargs(compile_kwargs, shared)
+    kwargs = _region_compile_kwargs(dict(compile_kwargs), shared)
     own_code = not shared and not _TORCH_ISOLATES_RECOMPILES
 
     def compiled(region: nn.Module) -> Callable[..., Any]:
@@ -222,16 +226,11 @@ def _compile_regions(regions: dict[str, nn.Module], compile_kwargs: dict[str, An
         call = _own_code(_module_call(region)) if own_code else _module_call(region)
         return _region_boundary(torch.compile(call, **kwargs), region._call_impl)
 
-    tensor_parallel = {name: region for name, region in regions.items() if _has_tensor_parallel_hooks(region)}
-    plain = {name: region for name, region in regions.items() if name not in tensor_parallel}
-    undo_forwards = _replace_forwards(plain, compiled)
-    undo_calls = _replace_calls(tensor_parallel, compiled_call)
-
-    def undo() -> None:
-        undo_calls()
-        undo_forwards()
-
-    return undo
+    for region in regions.values():
+        if _has_tensor_parallel_hooks(region):
+            replace(region, "_compiled_call_impl", compiled_call(region))
+        else:
+            replace(region, "forward", compiled(region))
 
 
 def _has_tensor_parallel_hooks(module: nn.Module) -> bool:
@@ -320,35 +319,6 @@ def _vocabulary_parallel(module: nn.Module) -> bool:
     )
 
 
-def _replace_calls(modules: dict[str, nn.Module], make: Callable[[nn.Module], Callable]) -> Callable[[], None]:
-    """Gives each module the compiled call (hooks and ``forward``) that ``make`` returns for it; returns the undo."""
-    before = {name: module._compiled_call_impl for name, module in modules.items()}
-    for module in modules.values():
-        module._compiled_call_impl = make(module)
-
-    def undo() -> None:
-        for name, module in modules.items():
-            module._compiled_call_impl = before[name]
-
-    return undo
-
-
-def _replace_forwards(modules: dict[str, nn.Module], make: Callable[[nn.Module], Callable]) -> Callable[[], None]:
-    """Gives each module the instance ``forward`` that ``make`` returns for it; returns the undo."""
-    shadowed = {name: module.__dict__.get("forward", _MISSING) for name, module in modules.items()}
-    for module in modules.values():
-        module.forward = make(module)
-
-    def undo() -> None:
-        for name, module in modules.items():
-            if shadowed[name] is _MISSING:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = shadowed[name]
-
-    return undo
-
-
 #: Whether ``torch.compiler.nested_compile_region`` computes correct gradients with inductor, by torch version.
 #: Measured with ``docs/repros/nested_compile_region_gradients.py``, and held on every torch CI runs by
 #: ``tests/test_regions.py::test_the_nested_region_table_is_right_about_this_torch``. Versions not listed were not
@@ -370,7 +340,7 @@ def _nested_regions_correct() -> bool:
 _NESTED_REGION_BACKENDS = ("inductor", "aot_eager")
 
 
-def _nested_regions_apply(trainer: "pl.Trainer", given: dict[str, Any], blocks: dict[str, nn.Module]) -> bool:
+def _nested_regions_apply(trainer: "pl.Trainer", given: Mapping[str, Any], blocks: dict[str, nn.Module]) -> bool:
     """Whether the blocks are nested in the step's one graph instead of opaque regions: only as measured.
 
     That is where torch gets nested regions right, with ``fullgraph=True`` (a graph break inside a nested region is a
@@ -390,21 +360,18 @@ def _nested_regions_apply(trainer: "pl.Trainer", given: dict[str, Any], blocks: 
     )
 
 
-def _nest_regions(blocks: dict[str, nn.Module]) -> Callable[[], None]:
-    """Makes each block's ``forward`` a nested compile region, one per class, bound to each block; returns the undo.
+def _nest_regions(connector: _CompileConnector, blocks: dict[str, nn.Module]) -> None:
+    """Makes each block's ``forward`` a nested compile region, one per class, bound to each block.
 
     The step is then compiled whole, as one graph: Dynamo traces each block's call and keeps one subgraph for the calls
     that trace to the same graph, which AOTAutograd and inductor then compile once.
 
     """
     nested: dict[type, Callable[..., Any]] = {}
-
-    def nest(block: nn.Module) -> Callable[..., Any]:
+    for block in blocks.values():
         if type(block) not in nested:
             nested[type(block)] = torch.compiler.nested_compile_region(type(block).forward)
-        return types.MethodType(nested[type(block)], block)
-
-    return _replace_forwards(blocks, nest)
+        connector.replace(block, "forward", types.MethodType(nested[type(block)], block))
 
 
 def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
@@ -422,43 +389,37 @@ class _Regions(_CompileFeature):
     """Compiles each repeated block on its own, then the rest of the step around them."""
 
     keys = {"regions": "compile each repeated block on its own: 'auto', a class, classes or class names"}
-    order = 50
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        super().__init__(options)
-        self.regions = _parse_regions(options["regions"]) if options.get("regions") is not None else None
-        #: How the run in progress compiles the blocks, for its summary line.
-        self.summary_note: Optional[str] = None
-        self._given: dict[str, Any] = {}
+    def __init__(self, options: _CompileOptions) -> None:
+        regions = options.keys.get("regions")
+        self.regions = _parse_regions(regions) if regions is not None else None
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
+        self.summary_note = None
         if self.regions is not None and not is_overridden("configure_model", model):
             _find_regions(model, self.regions)  # fail now, before the data is prepared
-        self._given = dict(connector.run_kwargs or {})  # the arguments as given, before a feature wraps the backend
 
-    def setup(self, connector: _CompileConnector) -> None:
-        if connector.run_kwargs is None:
-            return
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         module = connector.trainer.lightning_module
         _check_tensor_parallel(module, whole=self.regions is None)
         if self.regions is None:
-            return
+            return {}
         blocks = _find_regions(module, self.regions)
         constants = _per_layer_constants(blocks)
-        if not constants and _nested_regions_apply(connector.trainer, self._given, blocks):
-            connector.undo.append(_nest_regions(blocks))
+        step_only: dict[str, Any] = {}
+        if not constants and _nested_regions_apply(connector.trainer, connector.given or {}, blocks):
+            _nest_regions(connector, blocks)
             how = "nested in the step's one graph"
         else:
-            connector.undo.append(_compile_regions(blocks, connector.run_kwargs, shared=not constants))
-            connector.undo.append(_compile_regions(_rest_of_model(module, blocks), connector.run_kwargs, shared=False))
-            connector.run_kwargs["fullgraph"] = False  # the step calls each region as an opaque function
+            kwargs = connector.run_kwargs or {}
+            _compile_regions(blocks, kwargs, shared=not constants, replace=connector.replace)
+            _compile_regions(_rest_of_model(module, blocks), kwargs, shared=False, replace=connector.replace)
+            step_only["fullgraph"] = False  # the step calls each region as an opaque function
             how = "compiled one by one" if constants else "sharing one compiled graph"
         self.summary_note = f"regions: {len(blocks)} blocks {how}"
         why = f", since they differ in {', '.join(f'`{c}`' for c in constants[:3])}" if constants else ""
         rank_zero_info(f"`use_compile`: regions: {len(blocks)} blocks of `{_class_names(blocks)}`, {how}{why}.")
-
-    def teardown(self, connector: _CompileConnector) -> None:
-        self.summary_note = None
+        return step_only
 
 
 FEATURE = _Regions

@@ -13,6 +13,8 @@
 import logging
 import sys
 import time
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType, FrameType
@@ -24,7 +26,7 @@ from torch._dynamo.symbolic_convert import InstructionTranslator
 from torch._dynamo.utils import counters
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
 
 #: The clocks, bound here: a test (or a user's callback) that patches `time.perf_counter` gets no calls from the run.
 _clock = time.perf_counter
@@ -94,18 +96,16 @@ class _CompileSummary:
 class _CountingBackend:
     """The run's backend, counting how often the graphs it compiled run."""
 
-    def __init__(
-        self, backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool], given: dict
-    ) -> None:
-        if backend == "inductor":
+    def __init__(self, backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool]) -> None:
+        #: The backend, mode and options it stands for, as given.
+        self.given = {k: v for k, v in (("backend", backend), ("mode", mode), ("options", options)) if v is not None}
+        if backend is None or backend == "inductor":
             self.inner: Any = torch._TorchCompileInductorWrapper(mode, options, dynamic)
         else:
             self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
         #: How often graphs ran: those of a step's own compiled code, and all of them (see `_own_graph`).
         self.runs = {"own": 0, "all": 0}
         self.__name__ = getattr(self.inner, "compiler_name", "backend")
-        #: The ``torch.compile`` arguments this backend stands for, as given.
-        self.given = given
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
         compiled = self.inner(gm, example_inputs, **kwargs)
@@ -173,22 +173,25 @@ def _contains(codes: Any, code: CodeType) -> bool:
         return any(item is code for item in codes)
 
 
-#: One counting backend per configuration for the process: Dynamo keys compiled code on the backend object, so that
-#: a new one each run would compile everything again.
-_COUNTING_BACKENDS: dict[str, _CountingBackend] = {}
-#: The connector of the compiled run in progress in this process, if any.
-_RUNNING: list[_CompileConnector] = []
+#: The counting backends of the last configurations, newest last: Dynamo keys compiled code on the backend object, so
+#: that a new one each run would compile everything again. Bounded, so that it keeps no backend of long ago alive.
+_COUNTING_BACKENDS: "OrderedDict[str, _CountingBackend]" = OrderedDict()
+_KEPT_BACKENDS = 8
 
 
-def _counting(run_kwargs: dict[str, Any]) -> _CountingBackend:
-    """Replaces the backend, mode and options of ``run_kwargs`` with the counting backend that stands for them."""
-    given = {key: run_kwargs.pop(key) for key in ("backend", "mode", "options") if key in run_kwargs}
-    backend, mode, options = given.get("backend") or "inductor", given.get("mode"), given.get("options")
-    key = repr((backend if isinstance(backend, str) else id(backend), mode, options, run_kwargs.get("dynamic")))
+def _counting(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], _CountingBackend]:
+    """``kwargs`` with the counting backend that stands for their backend, mode and options, and that backend."""
+    rest = {key: value for key, value in kwargs.items() if key not in ("backend", "mode", "options")}
+    backend, mode, options = kwargs.get("backend"), kwargs.get("mode"), kwargs.get("options")
+    key = repr((backend if isinstance(backend, str) else id(backend), mode, options, kwargs.get("dynamic")))
     if key not in _COUNTING_BACKENDS:
-        _COUNTING_BACKENDS[key] = _CountingBackend(backend, mode, options, run_kwargs.get("dynamic"), given)
-    run_kwargs["backend"] = _COUNTING_BACKENDS[key]
-    return _COUNTING_BACKENDS[key]
+        _COUNTING_BACKENDS[key] = _CountingBackend(
+            backend, mode, dict(options) if options else None, rest.get("dynamic")
+        )
+        while len(_COUNTING_BACKENDS) > _KEPT_BACKENDS:
+            _COUNTING_BACKENDS.popitem(last=False)
+    _COUNTING_BACKENDS.move_to_end(key)
+    return {**rest, "backend": _COUNTING_BACKENDS[key]}, _COUNTING_BACKENDS[key]
 
 
 def _count(n: int, noun: str) -> str:
@@ -236,14 +239,16 @@ class _CompileReport:
         self._watch = _RecompileLimitWatch(self.summary.recompile_limit_hits)
         self._first_step: dict[bool, Optional[float]] = {}
 
-    def start(self) -> None:
+    def start(self, connector: _CompileConnector) -> None:
         """Snapshots the counters and starts watching for recompile-limit hits."""
         self._start_us = _wall_ns() // 1000
         self._graphs_before = counters["stats"]["unique_graphs"]
         self._breaks_before = dict(counters["graph_break"])
         # Dynamo reports a recompile-limit hit only through this logger, so a filter on it is the one way to tell the
-        # user when it happens; the filter is removed in `finish`, which the run's teardown calls on every path
-        logging.getLogger(_RECOMPILE_LIMIT_LOGGER).addFilter(self._watch)
+        # user when it happens; the connector removes it when the run ends, on every path
+        logger = logging.getLogger(_RECOMPILE_LIMIT_LOGGER)
+        logger.addFilter(self._watch)
+        connector.callback(logger.removeFilter, self._watch, scope="run")
 
     def timed(self, compiled: Callable[..., Any], module_call: bool) -> Callable[..., Any]:
         """Wraps a compiled callable to announce the first compiled step of each kind, and how long it took.
@@ -315,8 +320,7 @@ class _CompileReport:
         self._first_step[training] = None
 
     def finish(self) -> _CompileSummary:
-        """Stops watching, fills in the summary and logs it."""
-        logging.getLogger(_RECOMPILE_LIMIT_LOGGER).removeFilter(self._watch)
+        """Fills in the summary and logs it."""
         self.summary.fell_back = self.fell_back()
         self.summary.notes = self.notes()
         for training, started in self._first_step.items():
@@ -349,46 +353,34 @@ class _RunSummary(_CompileFeature):
 
     order = 95  # outermost: a step that `fallback` ran eagerly counts as eager
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        super().__init__(options)
-        #: What the compiler did in the last run that compiled anything.
-        self.last_summary: Optional[_CompileSummary] = None
+    def __init__(self, options: _CompileOptions) -> None:
         self._report: Optional[_CompileReport] = None
 
-    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
-        # Dynamo's counters, its logger and its config are process-wide: two compiled runs at once would count each
-        # other's graphs and restore each other's settings
-        if _RUNNING and _RUNNING[0] is not connector:
-            raise RuntimeError(
-                "`use_compile`: another Trainer's compiled run is in progress in this process. Dynamo's counters and"
-                " settings are process-wide, so compiled runs go one at a time: wait for the other run to end, or run"
-                " this one in another process."
-            )
-        _RUNNING[:] = [connector]
+    def compile_kwargs(self, connector: _CompileConnector, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+        # every compile of the run (regions, compiled autograd) runs the counting backend
         trainer = connector.trainer
-        assert connector.run_kwargs is not None
         assert trainer.state.fn is not None
-        backend = connector.run_kwargs.get("backend") or "inductor"
+        backend = kwargs.get("backend") or "inductor"
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
-        counting = _counting(connector.run_kwargs)  # before any feature compiles: regions run the same backend
+        counted, counting = _counting(kwargs)
         self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend, counting)
-        self._report.fell_back = lambda: any(getattr(f, "fell_back", False) for f in connector.features)
-        self._report.notes = lambda: [note for f in connector.features if (note := getattr(f, "summary_note", None))]
+        self._report.fell_back = lambda: any(f.fell_back for f in connector.features)
+        self._report.notes = lambda: [note for f in connector.features if (note := f.summary_note)]
+        return counted
 
-    def setup(self, connector: _CompileConnector) -> None:
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         assert self._report is not None
-        self._report.start()
+        self._report.start(connector)
+        return {}
 
-    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable) -> Callable:
+    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
         assert self._report is not None
-        return self._report.timed(compiled, getattr(original, "__name__", None) == "_call_impl")
+        return self._report.timed(compiled, module_call)
 
     def teardown(self, connector: _CompileConnector) -> None:
-        if _RUNNING and _RUNNING[0] is connector:
-            _RUNNING.clear()
         report, self._report = self._report, None
         if report is not None:
-            self.last_summary = report.finish()
+            connector.last_summary = report.finish()
 
 
 FEATURE = _RunSummary

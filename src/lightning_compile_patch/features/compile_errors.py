@@ -1,0 +1,132 @@
+"""What happens when compilation fails, whatever ``use_compile`` sets: an error that names the run, and the next run.
+
+* A compile error deep inside Dynamo says what failed to trace, not which Trainer run it belongs to. It is raised
+  again here with the stage, the strategy and the ``use_compile`` value, after every module is uncompiled, and says how
+  to go on (``fallback="eager"``, in ``fallback.py``, catches it before it gets here). Any other error a step raises
+  gets a note that names the run.
+* The backward: AOTAutograd compiles it lazily, inside ``loss.backward()``, outside the compiled step. Where torch
+  can compile it together with the forward (``force_non_lazy_backward_lowering``, torch 2.13+), it does so for the
+  run, so that a backward that cannot compile fails, or falls back, exactly like the forward. This is also the rule
+  for manual optimization: its steps may run the backward twice through one graph (``retain_graph=True``, a closure,
+  two optimizers stepped from one loss), which a backward compiled with the forward refuses (it donates the buffers it
+  saves), so there the backward stays lazy, as torch compiles it by default. On torch before 2.13, an error of the
+  backward is named the same way, from the strategy's ``backward``.
+* The next run: when a compiled step raises (a bad batch, a failed assert), Dynamo marks the code it was compiling
+  "skip" for the rest of the process, and every later run of the step would be eager. When a run fails, the code
+  objects that Dynamo converted during that run, and only those, are reset, so the next run compiles again.
+
+"""
+
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+import torch
+import torch._functorch.config as functorch_config
+from torch._dynamo.convert_frame import input_codes
+
+import lightning.pytorch as pl
+from lightning.pytorch.trainer.states import TrainerStatus
+from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
+
+#: torch 2.13+ can compile the backward together with the forward.
+_NON_LAZY_BACKWARD = hasattr(functorch_config, "force_non_lazy_backward_lowering")
+#: What a failed compile raises; ``FailOnRecompileLimitHit`` (torch 2.6+) is outside Dynamo's hierarchy.
+COMPILE_ERRORS = tuple(
+    error
+    for error in (torch._dynamo.exc.TorchDynamoException, getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None))
+    if error is not None
+)
+
+
+class _CompileErrors(_CompileFeature):
+    """Names the run in a compile error, leaves every module uncompiled, and lets the next run compile again."""
+
+    order = 90  # outside `fallback`: it names what `fallback` did not catch
+
+    def __init__(self, options: _CompileOptions) -> None:
+        self._codes_before: Optional[int] = None
+
+    def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
+        self._codes_before = len(input_codes.seen)
+        if _NON_LAZY_BACKWARD and model.automatic_optimization:
+            connector.replace(functorch_config, "force_non_lazy_backward_lowering", True, scope="run")
+
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+        if not _NON_LAZY_BACKWARD:
+            _name_backward_errors(connector)
+        return {}
+
+    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return compiled(*args, **kwargs)
+            except COMPILE_ERRORS as error:
+                connector.uncompile()
+                raise RuntimeError(failure_message(connector, error, fallback=False)) from error
+            except Exception as error:
+                if hasattr(error, "add_note"):  # Python 3.11+
+                    error.add_note(f"(raised in the {describe_run(connector)})")
+                raise
+
+        return run
+
+    def teardown(self, connector: _CompileConnector) -> None:
+        codes_before, self._codes_before = self._codes_before, None
+        if codes_before is not None and connector.trainer.state.status == TrainerStatus.INTERRUPTED:
+            for ref in input_codes.seen[codes_before:]:
+                code = ref()
+                if code is not None:
+                    torch._C._dynamo.eval_frame.reset_code(code)  # clears its cache entries and its "skip" mark
+
+
+def _name_backward_errors(connector: _CompileConnector) -> None:
+    """On torch before 2.13: a backward that fails to compile raises an error naming the run."""
+    strategy = connector.trainer.strategy
+    backward = strategy.backward
+
+    def named(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return backward(*args, **kwargs)
+        except COMPILE_ERRORS as error:
+            connector.uncompile()
+            raise RuntimeError(
+                f"{failure_message(connector, error, fallback=False)} (It failed in the backward: `fallback` applies"
+                " to the backward from torch 2.13 on.)"
+            ) from error
+
+    connector.replace(strategy, "backward", named, scope="run")
+
+
+def describe_run(connector: _CompileConnector) -> str:
+    """The stage, the ``use_compile`` value and the strategy of the run, for messages."""
+    trainer = connector.trainer
+    stage = trainer.state.fn.value if trainer.state.fn else "unknown"
+    value = _short(connector.use_compile)
+    return f"{stage} step compiled by `use_compile={value}` under {type(trainer.strategy).__name__}"
+
+
+def _short(value: Any) -> str:
+    """A short ``repr`` that names callables and classes instead of printing them."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key!r}: {_short(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(map(_short, value)) + ("," if len(value) == 1 else "") + ")"
+    if callable(value):
+        return getattr(value, "__name__", type(value).__name__)
+    return repr(value)
+
+
+def failure_message(connector: _CompileConnector, error: BaseException, fallback: bool) -> str:
+    """What failed, where, and (unless falling back) what to do about it."""
+    first_paragraph = str(error).strip().split("\n\n")[0].replace("\n", " ")
+    reason = f"{type(error).__name__}: {first_paragraph}"
+    message = f"`use_compile` could not compile the {describe_run(connector)}: {reason}."
+    if fallback:
+        return message
+    return (
+        f"{message} Every module is left uncompiled. Pass `'fallback': 'eager'` in `use_compile` to continue"
+        " uncompiled with a warning instead, or `use_compile=False` to leave compilation to Lightning."
+    )
+
+
+FEATURE = _CompileErrors
