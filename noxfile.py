@@ -131,7 +131,7 @@ def wheel(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The main job on CPU: a small GPT trained eagerly, then compiled after the wrap, side by side."""
     install(session)
-    session.run("python", "-m", "lightning_compile_patch.demo", *session.posargs)
+    session.run("python", "examples/demo.py", *session.posargs)
 
 
 @nox.session

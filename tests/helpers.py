@@ -279,13 +279,13 @@ def no_sync_counter(trainer: Trainer) -> Iterator[list[int]]:
 
 
 def demo_gpt() -> Any:
-    """The package's demo GPT module (``lightning_compile_patch.demos.gpt``).
+    """The demo's GPT module (``examples/gpt.py``).
 
     Loaded from its file, so that the run against a patched Lightning does not import ``lightning_compile_patch``.
     """
     name = "lcp_demo_gpt"
     if name not in sys.modules:
-        path = Path(__file__).parents[1] / "src" / "lightning_compile_patch" / "demos" / "gpt.py"
+        path = Path(__file__).parents[1] / "examples" / "gpt.py"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
@@ -298,7 +298,7 @@ def lightning_side(name: str) -> Any:
     try:
         return importlib.import_module(f"lightning.pytorch.trainer.connectors.compile_features.{name}")
     except ImportError:
-        return importlib.import_module(f"lightning_compile_patch.features.{name}")
+        return importlib.import_module(f"lightning_compile_patch.compile_features.{name}")
 
 
 def connector_module() -> Any:
@@ -306,7 +306,7 @@ def connector_module() -> Any:
     try:
         return importlib.import_module("lightning.pytorch.trainer.connectors.compile_connector")
     except ImportError:
-        return importlib.import_module("lightning_compile_patch.connector")
+        return importlib.import_module("lightning_compile_patch.compile_connector")
 
 
 def feature(trainer: Trainer, name: str) -> Any:

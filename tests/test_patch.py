@@ -15,7 +15,7 @@ pytestmark = pytest.mark.package_only
 
 @pytest.fixture
 def patch_module():
-    import lightning_compile_patch.patch as patch
+    import lightning_compile_patch._monkeypatch.patch as patch
 
     yield patch
     patch.apply()  # leave the process patched, as the rest of the suite expects
@@ -86,7 +86,8 @@ def test_pytorch_lightning_flavour_compiles_after_the_wrap():
     assert probe.seen["train"]["wrapper_compiled"]
     assert backend.calls > 0
     assert (
-        type(trainer._compile_connector).__module__ == "lightning_compile_patch._flavours.pytorch_lightning.connector"
+        type(trainer._compile_connector).__module__
+        == "lightning_compile_patch._flavours.pytorch_lightning.compile_connector"
     )
 
 
@@ -143,7 +144,7 @@ def test_missing_hooks_are_reported_by_name(patch_module):
 
 
 def test_no_lightning_installed_is_a_clear_error(monkeypatch):
-    import lightning_compile_patch.patch as patch
+    import lightning_compile_patch._monkeypatch.patch as patch
 
     monkeypatch.setattr(patch, "installed_flavours", list)
     with pytest.raises(ImportError, match="neither `lightning` nor `pytorch_lightning` is installed"):

@@ -46,11 +46,11 @@ def test_every_patch_is_a_git_am_mbox(base_name):
 
 
 def test_new_files_are_the_package_modules_with_lightning_imports():
-    rendered = patchset.render_module("connector")
+    rendered = patchset.render_module("compile_connector")
     assert rendered.startswith("# Copyright The Lightning AI team.")
     assert "lightning_compile_patch" not in rendered
     assert "import lightning.pytorch.trainer.connectors.compile_features as compile_features" in rendered
-    feature = patchset.render_module("features.regions")
+    feature = patchset.render_module("compile_features.regions")
     assert "from lightning.pytorch.trainer.connectors.compile_connector import" in feature
     ast.parse(rendered)
     ast.parse(feature)
@@ -75,7 +75,7 @@ def test_the_core_adds_at_most_400_lines_under_src():
 def test_the_core_stack_is_two_fixes_then_the_core():
     fixes, core = series.CORE_STACK[:-1], series.CORE_STACK[-1]
     assert core is series.CORE
-    assert core.modules == ("features", "connector")
+    assert core.modules == ("compile_features", "compile_connector")
     for fix in fixes:  # a fix of Lightning's own helpers, with its test, that can merge alone
         assert fix.modules == ()
         assert fix.subject.startswith("Fix ")
@@ -84,13 +84,13 @@ def test_the_core_stack_is_two_fixes_then_the_core():
 
 
 def test_each_later_patch_adds_one_feature_module_and_edits_no_core_code():
-    core_paths = {patchset.upstream_path("connector"), series.TRAINER, series.COMPILE_UTILS, series.STRATEGY}
+    core_paths = {patchset.upstream_path("compile_connector"), series.TRAINER, series.COMPILE_UTILS, series.STRATEGY}
     for base_name in series.BASES:
         for patch in series.series(base_name)[len(series.CORE_STACK) :]:
             # one feature module; the run's compile errors come with `fallback`, which builds on them
             expected = 2 if patch.subject == series.FALLBACK.subject else 1
             assert len(patch.modules) == expected, patch.subject
-            assert all(module.startswith("features.") for module in patch.modules)
+            assert all(module.startswith("compile_features.") for module in patch.modules)
             assert not {edit.path for edit in patch.edits} & core_paths, patch.subject
 
 
@@ -99,7 +99,7 @@ def test_drift_is_detected(monkeypatch):
 
     def changed(module):
         text = original(module)
-        return text.replace("`use_compile` wins", "`use_compile` wins!") if module == "connector" else text
+        return text.replace("`use_compile` wins", "`use_compile` wins!") if module == "compile_connector" else text
 
     monkeypatch.setattr(patchset, "render_module", changed)
     for base_name in series.BASES:
@@ -139,7 +139,7 @@ def test_trainer_edits_call_the_connector_where_the_monkeypatch_does():
     )
     # the calls themselves, parsed: a substring such as "compile" would match `_compile_connector` anywhere
     upstream_calls = set(re.findall(r"self\._compile_connector\.(\w+)\(", added))
-    package_calls = _connector_calls((ROOT / "src/lightning_compile_patch/patch.py").read_text())
+    package_calls = _connector_calls((ROOT / "src/lightning_compile_patch/_monkeypatch/patch.py").read_text())
     assert upstream_calls == package_calls == {"verify_strategy", "unwrap", "on_run_start", "compile", "teardown"}
     assert "self._compile_connector = _CompileConnector(self, use_compile)" in added
 
@@ -195,7 +195,7 @@ def test_every_rung_on_the_core_alone_leaves_importable_code(base_name, tmp_path
     for patch in series.series(base_name)[len(series.CORE_STACK) :]:
         folder = tmp_path / patch.modules[0]
         folder.mkdir()
-        for module in ("connector", patch.modules[0]):
+        for module in ("compile_connector", patch.modules[0]):
             (folder / f"{module}.py").write_text(patchset.render_module(module))
         result = subprocess.run(
             [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F,E9", str(folder)],

@@ -1,4 +1,4 @@
-"""The compiled region covers the step the strategy runs, in every stage, and `self.log` does not break it."""
+"""The compiled region covers the step the strategy runs, in every stage."""
 
 import pytest
 import torch
@@ -104,40 +104,6 @@ def test_every_stage_runs_compiled(strategy):
         assert seen[stage]["compiled_steps"] == STEPS
         assert seen[stage]["stock_compiled"]
     assert not seen["setup"]["stock_compiled"]  # nothing is compiled before the strategy's setup
-
-
-@pytest.mark.parametrize("strategy", ["auto", "ddp"])
-def test_compiled_steps_log_the_same_values_as_eager(strategy):
-    _, eager, eager_predictions = run_all_stages(strategy, None)
-    _, compiled, compiled_predictions = run_all_stages(strategy, {"backend": "eager"})
-    for stage in ("fit", "validate", "test"):
-        assert compiled[stage].keys() == eager[stage].keys()
-        for key, value in eager[stage].items():
-            torch.testing.assert_close(compiled[stage][key], value)
-    assert {"train_loss", "val_loss"} <= eager["fit"].keys()
-    assert {"test_loss", "test_twice"} <= eager["test"].keys()
-    for ours, theirs in zip(compiled_predictions, eager_predictions, strict=True):
-        torch.testing.assert_close(ours, theirs)
-
-
-@pytest.mark.parametrize("strategy", ["auto", "ddp"])
-def test_logging_causes_no_graph_break(strategy):
-    run_all_stages(strategy, {"backend": "eager"})
-    stats = dynamo_stats()
-    assert stats.graphs > 0
-    assert stats.unintended_breaks == 0, stats.graph_breaks
-
-
-def test_fullgraph_works_with_a_model_that_logs():
-    """`self.log` is replayed outside the graph, so `fullgraph=True` holds on one device."""
-    backend = CountingBackend("fullgraph")
-    calls = CompiledCallsPerStep(backend)
-    run_all_stages("auto", {"backend": backend, "fullgraph": True}, callbacks=[calls])
-    assert dynamo_stats().graph_breaks == {}
-    # and the steps did compile and run as graphs: with nothing compiled there would be no break either
-    assert backend.graphs > 0
-    assert {stage: len(n) for stage, n in calls.calls.items()} == STAGE_BATCHES
-    assert all(n > 0 for per_batch in calls.calls.values() for n in per_batch), calls.calls
 
 
 #: On torch 2.6 the compiled call still starts at DDP's forward, but Dynamo runs that forward eagerly.

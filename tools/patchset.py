@@ -6,9 +6,9 @@
 
 What each patch contains:
 
-* new source files: the package's Lightning-side modules (``flavours.UPSTREAM_MODULES``), with imports renamed to
-  Lightning's paths and Lightning's license header: the core (``connector``) in 0001, one feature module per later
-  patch;
+* new source files: the package's Lightning-side modules (``upstream_modules.UPSTREAM_MODULES``), with imports
+  renamed to Lightning's paths and Lightning's license header: the core (``compile_connector``) in 0003, one feature
+  module per later patch;
 * new test files, verbatim from ``tools/upstream/tests``;
 * edits of Lightning's own files (``tools/upstream/series.py``), applied to the base; a function that the package
   fixes (``lightning_fixes``) replaces Lightning's.
@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 from upstream import package_module  # noqa: E402
 from upstream.series import BASES, CORE_STACK, InsertAfter, Patch, Replace, ReplaceDef, series  # noqa: E402
 
-flavours = package_module("flavours")
-UPSTREAM_MODULES = flavours.UPSTREAM_MODULES
+upstream_modules = package_module("upstream_modules")
+UPSTREAM_MODULES = upstream_modules.UPSTREAM_MODULES
 
 PATCHES_DIR = ROOT / "patches"
 PACKAGE_DIR = ROOT / "src" / "lightning_compile_patch"
@@ -70,22 +70,22 @@ def series_dir(base_name: str) -> Path:
 def upstream_path(module: str) -> str:
     """Where a package module lives in Lightning's tree."""
     path = "src/" + UPSTREAM_MODULES[module].replace(".", "/")
-    return f"{path}/__init__.py" if flavours.module_path(module).name == "__init__.py" else f"{path}.py"
+    return f"{path}/__init__.py" if upstream_modules.module_path(module).name == "__init__.py" else f"{path}.py"
 
 
 def render_module(module: str) -> str:
     """A package module as Lightning code."""
-    source = flavours.module_path(module).read_text()
+    source = upstream_modules.module_path(module).read_text()
     if not source:
         return source  # an empty package `__init__.py`, as Lightning's are
     renames = {f"lightning_compile_patch.{name}": target for name, target in UPSTREAM_MODULES.items()}
-    return LICENSE_HEADER + sort_lightning_imports(flavours.rename_imports(source, renames))
+    return LICENSE_HEADER + sort_lightning_imports(upstream_modules.rename_imports(source, renames))
 
 
 def sort_lightning_imports(source: str) -> str:
     """Sorts each run of ``from lightning.... import`` statements by module again, as Lightning's isort does.
 
-    The renaming moves a name across others: ``lightning_compile_patch.connector`` sorts after
+    The renaming moves a name across others: ``lightning_compile_patch.compile_connector`` sorts after
     ``lightning.pytorch.utilities``, ``lightning.pytorch.trainer.connectors.compile_connector`` before it.
 
     """

@@ -11,13 +11,16 @@ twice with the same ``TORCHINDUCTOR_CACHE_DIR`` to leave compilation out of the 
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 import lightning_compile_patch  # noqa: F401  (patches the Trainer: `use_compile`)
 from lightning.pytorch import Callback, Trainer
-from lightning_compile_patch.demos.gpt import GPTConfig, GPTModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # the demo's GPT
+from gpt import GPTConfig, GPTModule
 
 QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 

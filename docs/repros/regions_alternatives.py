@@ -5,7 +5,7 @@
 Each variant runs in a fresh process with an empty inductor cache (so its first step is a cold compile):
 
 * ``eager``, and ``whole``: ``torch.compile`` of the step;
-* ``opaque_regions``: the package's own region code (``lightning_compile_patch.features.regions``) compiles the
+* ``opaque_regions``: the package's own region code (``lightning_compile_patch.compile_features.regions``) compiles the
   blocks, the step compiled around them: ``use_compile={"regions": ...}`` without the modules around the blocks;
 * ``nested_class``: ``torch.compiler.nested_compile_region`` on the block class's ``forward``, the step compiled;
 * ``nested_instance``: the same, bound to each block instance.
@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import types
+from pathlib import Path
 
 VARIANTS = ("eager", "whole", "opaque_regions", "nested_class", "nested_instance")
 
@@ -32,8 +33,10 @@ def run_variant(variant: str, layers: int, steps: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from lightning_compile_patch.demos.gpt import GPT, GPTConfig, NextTokenData
-    from lightning_compile_patch.features.regions import _compile_regions, _find_regions
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # the demo's GPT
+    from gpt import GPT, GPTConfig, NextTokenData
+
+    from lightning_compile_patch.compile_features.regions import _compile_regions, _find_regions
 
     torch.manual_seed(0)
     config = GPTConfig(n_layer=layers, n_embd=128, block_size=64, vocab_size=512, batch_size=8)

@@ -18,6 +18,7 @@ graphs). ``--profile DIR`` writes, per variant, the operators of 3 steady steps 
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -25,8 +26,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from lightning_compile_patch.demos.gpt import GPT, GPTConfig
-from lightning_compile_patch.features.regions import _compile_regions, _find_regions, _rest_of_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # the demo's GPT
+from gpt import GPT, GPTConfig
+
+from lightning_compile_patch.compile_features.regions import _compile_regions, _find_regions, _rest_of_model
 
 DESIGNS = ("whole", "regions+rest+step", "regions+step", "regions-eager-step", "block.compile()", "eager")
 

@@ -14,7 +14,7 @@ Importing it again changes nothing; :func:`remove` undoes the patch.
 
 from typing import Any, Optional
 
-from lightning_compile_patch.patch import apply, is_applied, remove
+from lightning_compile_patch._monkeypatch.patch import apply, is_applied, remove
 
 __version__ = "0.1.0"
 __all__ = ["apply", "is_applied", "last_summary", "remove"]

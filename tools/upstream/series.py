@@ -3,7 +3,7 @@
 The core stack comes first: two fixes of Lightning's own compile helpers, each of which can merge alone, then the core
 (``connector``). Every later patch is one feature module (``features/<name>.py``) with its tests, docs section and
 CHANGELOG line, and needs only the core stack. New source files are the package's Lightning-side modules
-(``flavours.UPSTREAM_MODULES``); what is listed here are the edits of Lightning's own files, each an exact text
+(``upstream_modules.UPSTREAM_MODULES``); what is listed here are the edits of Lightning's own files, each an exact text
 replacement, so that a change in Lightning is noticed rather than patched around.
 
 Two bases: ``2.6.6`` (forks of the release; each patch is made on the previous one, for a plain ``git am``) and
@@ -19,7 +19,7 @@ from typing import Optional
 from upstream import package_module
 
 HERE = Path(__file__).parent
-trainer_api = package_module("trainer_api")
+trainer_api = package_module("_monkeypatch.trainer_api")
 TRAINER = "src/lightning/pytorch/trainer/trainer.py"
 CHANGELOG = "src/lightning/pytorch/CHANGELOG.md"
 COMPILE_UTILS = "src/lightning/pytorch/utilities/compile.py"
@@ -250,7 +250,7 @@ Features beyond this core are modules of `trainer/connectors/compile_features/`,
 `_CompileFeature` as `FEATURE`, imported only when a Trainer compiles; this patch adds none. It
 sets no process-wide state. `_verify_strategy_supports_compile` now accepts
 `ModelParallelStrategy` and can check a strategy for a model that is yet to be compiled.""",
-    modules=("features", "connector"),
+    modules=("compile_features", "compile_connector"),
     tests=("tests_pytorch/trainer/test_trainer_use_compile.py",),
     edits=(
         Replace(
@@ -410,7 +410,7 @@ def _feature(
     return Patch(
         subject=subject,
         body=body,
-        modules=modules or (f"features.{name}",),
+        modules=modules or (f"compile_features.{name}",),
         tests=(f"tests_pytorch/trainer/connectors/test_compile_{name}.py", *more_tests),
         edits=(_section_before(docs_before, name), *_changelog_added(entry, slot)),
         **kwargs,  # type: ignore[arg-type]
@@ -424,7 +424,7 @@ COMPILE_ARGUMENTS = Patch(
 prepared and the model moved to the device. They are now checked in `Trainer.__init__`: an
 unregistered backend, an unknown mode, `mode` together with `options`, and an unknown inductor option
 or one of the wrong type, each with an error that names the value and what to pass instead.""",
-    modules=("features.compile_arguments",),
+    modules=("compile_features.compile_arguments",),
     tests=("tests_pytorch/trainer/connectors/test_compile_compile_arguments.py",),
     edits=(
         Replace(
@@ -481,7 +481,7 @@ the stage, the strategy and the `use_compile` value, after every module is uncom
     "A note about torch.compile in practice",
     f'- Added `Trainer(use_compile={{"fallback": "eager"}})` to continue uncompiled when compilation fails {ISSUE}',
     1,
-    modules=("features.compile_errors", "features.fallback"),
+    modules=("compile_features.compile_errors", "compile_features.fallback"),
 )
 OPTIMIZE_DDP = _feature(
     "optimize_ddp",
@@ -563,7 +563,7 @@ on, so a step that calls a metric recompiles at every step until it reaches the 
 and runs uncompiled from then on: a torchmetrics user got an uncompiled validation loop. For the
 run, the `forward`, `update` and `compute` of each metric of the model are compiler-disabled on the
 instance (a graph break at each call, one compile) and put back when the run ends.""",
-    modules=("features.metrics",),
+    modules=("compile_features.metrics",),
     tests=("tests_pytorch/trainer/connectors/test_compile_metrics.py",),
     edits=(
         InsertAfter(COMPILE_DOCS, "If you still see recompilation issues after dealing", _doc("metrics")),

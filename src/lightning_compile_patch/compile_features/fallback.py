@@ -9,8 +9,8 @@ runs eagerly too (the run summary counts them as eager, with the cause "fallback
 from typing import Any, Callable
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
-from lightning_compile_patch.features.compile_errors import COMPILE_ERRORS, failure_message
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_features.compile_errors import COMPILE_ERRORS, failure_message
 
 _CHOICES = (None, "eager")
 

@@ -34,7 +34,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
 
 #: Whether ``torch.compile`` can keep a call's compiled entries apart from other calls of the same code (torch 2.13+).
 _TORCH_ISOLATES_RECOMPILES = "isolate_recompiles" in inspect.signature(torch.compile).parameters

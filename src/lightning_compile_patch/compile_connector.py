@@ -29,7 +29,7 @@ import torch
 from torch._dynamo import OptimizedModule
 
 import lightning.pytorch as pl
-import lightning_compile_patch.features as compile_features
+import lightning_compile_patch.compile_features as compile_features
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile, from_compiled, to_uncompiled

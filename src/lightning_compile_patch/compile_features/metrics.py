@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
 
 _METHODS = ("forward", "update", "compute")
 

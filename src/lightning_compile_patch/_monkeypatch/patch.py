@@ -31,8 +31,8 @@ from typing import Any, Callable, Optional
 
 from packaging.version import Version
 
-from lightning_compile_patch import trainer_api
-from lightning_compile_patch.flavours import FLAVOUR_RENAMES, connector_module, flavour_module
+from lightning_compile_patch._monkeypatch import trainer_api
+from lightning_compile_patch._monkeypatch.flavours import FLAVOUR_RENAMES, connector_module, flavour_module
 
 #: The Lightning releases this patch was tested against; anything else is refused at import.
 SUPPORTED_LIGHTNING = (Version("2.6.0"), Version("2.7.0"))

@@ -78,6 +78,18 @@ def test_steps_that_run_eager_are_counted_and_said_once():
     assert last_summary(trainer).compiled_steps == {}
 
 
+def test_an_eager_evaluation_step_is_warned_in_plain_english():
+    trainer = Trainer(use_compile={"backend": exploding_backend}, max_steps=0, **{**QUIET, "limit_val_batches": 2})
+    with (
+        torch._dynamo.config.patch(suppress_errors=True),
+        pytest.warns(UserWarning, match="ran without compiled code") as caught,
+    ):
+        trainer.validate(BoringModel())
+    warned = [str(w.message) for w in caught if "ran without compiled code" in str(w.message)]
+    assert warned[0].startswith("`use_compile`: an evaluation step (validate)"), warned
+    assert last_summary(trainer).eager_steps == {"evaluation": 2}
+
+
 def backend_failing_in(frame_name):
     """A backend that raises for the graphs of one frame only: Dynamo then skips that frame and compiles its callees."""
 

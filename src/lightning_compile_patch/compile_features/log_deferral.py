@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
 
 _LOG_METHODS = ("log", "log_dict")
 

@@ -26,7 +26,7 @@ from torch._dynamo.convert_frame import input_codes
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerStatus
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
 
 #: torch 2.13+ can compile the backward together with the forward.
 _NON_LAZY_BACKWARD = hasattr(functorch_config, "force_non_lazy_backward_lowering")

@@ -1,9 +1,11 @@
 """Failures: a compile error names the stage, the strategy and the config, and loses nothing; `fallback="eager"`."""
 
+import json
 import warnings
 
 import pytest
 import torch
+import yaml
 
 from helpers import QUIET, LoggingModel, leftovers
 from lightning.pytorch import Callback, Trainer, seed_everything
@@ -116,3 +118,26 @@ def test_fallback_applies_to_regions_too():
     assert counter.steps == 3
     assert leftovers(model) == []
     assert all("forward" not in block.__dict__ for block in model.model.blocks)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(lambda: json.loads('{"fallback": "eager"}'), id="json"),
+        pytest.param(lambda: yaml.safe_load("fallback: eager"), id="yaml"),
+        pytest.param(lambda: {"fallback": "".join(["ea", "ger"])}, id="built-at-runtime"),
+    ],
+)
+def test_fallback_eager_is_taken_by_value_however_it_arrives(source):
+    # bug: the value was compared with `is`, so an "eager" that was not the interned literal was refused
+    value = source()
+    assert value["fallback"] == "eager"
+    trainer = Trainer(use_compile={"backend": exploding_backend, **value}, **{**QUIET, "max_steps": 2})
+    with pytest.warns(UserWarning, match="continues uncompiled"):
+        trainer.fit(LoggingModel())
+    assert trainer.global_step == 2
+
+
+def test_an_unsupported_fallback_names_the_choices():
+    with pytest.raises(ValueError, match=r"'fallback': 'eagre'.*pass 'eager'"):
+        Trainer(use_compile={"fallback": "eagre"}, **QUIET)

@@ -26,7 +26,7 @@ from torch._dynamo.symbolic_convert import InstructionTranslator
 from torch._dynamo.utils import counters
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
 
 #: The clocks, bound here: a test (or a user's callback) that patches `time.perf_counter` gets no calls from the run.
 _clock = time.perf_counter
@@ -283,8 +283,9 @@ class _CompileReport:
         self.summary.eager_causes[cause] = self.summary.eager_causes.get(cause, 0) + 1
         if not self._warned_eager and not self.fell_back():
             self._warned_eager = True
+            article = "an" if kind[0] in "aeiou" else "a"
             rank_zero_warn(
-                f"`use_compile`: a {kind} step ({self.summary.stage}) ran without compiled code: {explanation}"
+                f"`use_compile`: {article} {kind} step ({self.summary.stage}) ran without compiled code: {explanation}"
                 " The run goes on uncompiled where this happens; the summary at the end counts such steps."
             )
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lightning_compile_patch.connector import _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_connector import _CompileFeature, _CompileOptions
 
 
 class _CompileArguments(_CompileFeature):

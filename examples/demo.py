@@ -1,6 +1,6 @@
 """The main job, on CPU: a small GPT trained under DDP, eagerly and with ``use_compile``, side by side.
 
-    python -m lightning_compile_patch.demo
+    python examples/demo.py
 
 Each configuration runs in a fresh process with an empty inductor cache, so that every first step pays the full
 compile. The table shows what ``use_compile`` adds to a run: the first (compiling) step, the steady step time, the
@@ -30,10 +30,10 @@ PATHS: dict[str, Any] = {
 def _run_one(name: str, steps: int, layers: int) -> dict[str, Any]:
     """Trains in this process and returns the measurements."""
     import torch
+    from gpt import GPTConfig, GPTModule  # beside this file
 
     import lightning_compile_patch
     from lightning.pytorch import Callback, Trainer
-    from lightning_compile_patch.demos.gpt import GPTConfig, GPTModule
 
     class StepTimer(Callback):
         def __init__(self) -> None:
@@ -80,7 +80,7 @@ def _run_in_fresh_process(name: str, steps: int, layers: int, workdir: Path) -> 
     slug = str(list(PATHS).index(name))
     out = workdir / f"{slug}.json"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(workdir / f"inductor-{slug}")}
-    command = [sys.executable, "-m", __name__.replace("__main__", "lightning_compile_patch.demo")]
+    command = [sys.executable, str(Path(__file__).resolve())]
     command += ["--run", name, "--steps", str(steps), "--layers", str(layers), "--out", str(out)]
     subprocess.run(command, check=True, env=env, cwd=workdir)
     return json.loads(out.read_text())

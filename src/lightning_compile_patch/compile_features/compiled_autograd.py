@@ -33,7 +33,12 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.imports import _TORCH_GREATER_EQUAL_2_6
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions, _torch_compile_keys
+from lightning_compile_patch.compile_connector import (
+    _CompileConnector,
+    _CompileFeature,
+    _CompileOptions,
+    _torch_compile_keys,
+)
 
 _KEY = "compiled_autograd"
 _DDP_FILE = "torch.nn.parallel.distributed"

@@ -12,7 +12,7 @@ from typing import Any
 import torch._dynamo.config as dynamo_config
 
 from lightning.pytorch.strategies import DDPStrategy
-from lightning_compile_patch.connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
 
 _CHOICES = ("auto", True, False, "ddp_optimizer", "python_reducer", "no_optimization")
 

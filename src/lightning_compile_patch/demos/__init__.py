@@ -1,1 +1,0 @@
-"""Models for demos, tests and benchmarks."""
