@@ -139,7 +139,7 @@ def test_missing_hooks_are_reported_by_name(patch_module):
         def __init__(self):
             pass
 
-    with pytest.raises(ImportError, match=r"lacks Trainer.__init__.__wrapped__, Trainer._run, Trainer._run_stage"):
+    with pytest.raises(ImportError, match=r"lacks Trainer.__init__.__wrapped__, Trainer._run, Trainer._teardown"):
         patch_module._check_hooks("lightning.pytorch", NotATrainer)
 
 

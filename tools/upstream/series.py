@@ -310,9 +310,9 @@ sets no process-wide state. `_verify_strategy_supports_compile` now accepts
         ),
         Replace(
             TRAINER,
-            "        self._signal_connector.register_signal_handlers()\n\n",
-            "        self._signal_connector.register_signal_handlers()\n\n"
-            "        # compile what the strategy runs, now that it has wrapped the model\n"
+            "        # strategy will configure model and move it to the device\n        self.strategy.setup(self)\n\n",
+            "        # strategy will configure model and move it to the device\n        self.strategy.setup(self)\n"
+            "        # compile what the strategy runs, now that it has wrapped the model, before any hook runs a step\n"
             "        self._compile_connector.compile()\n\n",
         ),
         Replace(

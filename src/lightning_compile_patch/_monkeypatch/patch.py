@@ -9,8 +9,9 @@ import hook: importing a flavour has side effects of its own (the last one impor
   ``PL_TRAINER_USE_COMPILE`` environment variable see it. The value is validated before anything else happens.
 * ``fit``, ``validate``, ``test`` and ``predict`` hand a ``torch.compile``-d model to the connector first, which takes
   the LightningModule out of it, so that Lightning does not compile it before the strategy wraps it.
-* ``_run`` asks the connector what the run compiles, ``_run_stage`` (called right after ``strategy.setup``) compiles
-  first, and ``_teardown`` (called after the ``on_exception`` callbacks, on every path) uncompiles first.
+* ``_run`` asks the connector what the run compiles, and has it compile right after ``strategy.setup``, before any hook
+  that runs steps (the tuner's ``on_fit_start`` trials), where the upstream ``_run`` calls it; ``_teardown`` (called
+  after the ``on_exception`` callbacks, on every path) uncompiles first.
 * Lightning's compile helpers that the connector reuses are replaced by their fixed versions (``lightning_fixes``),
   which the upstream series puts in Lightning's own files.
 
@@ -41,7 +42,7 @@ ALLOW_UNTESTED_ENV = "LIGHTNING_COMPILE_PATCH_ALLOW_UNTESTED"
 _MARK = "__lightning_compile_patch__"
 _FIXES_KEY = "lightning_fixes"
 #: The ``Trainer`` methods of a run that the connector hooks into.
-_RUN_HOOKS = ("_run", "_run_stage", "_teardown")
+_RUN_HOOKS = ("_run", "_teardown")
 
 
 #: The ``Trainer`` methods that take the model from the user.
@@ -176,7 +177,6 @@ def _patch_flavour(flavour: str) -> bool:
     setattr(patched_init, _MARK, {**originals, _FIXES_KEY: fixes})  # `functools.wraps` carries it to the wrapper
     trainer_cls.__init__ = env_defaults(patched_init)
     trainer_cls._run = _patched_run(originals["_run"])
-    trainer_cls._run_stage = _patched_run_stage(originals["_run_stage"])
     trainer_cls._teardown = _patched_teardown(originals["_teardown"])
     for name in _ENTRY_POINTS:
         setattr(trainer_cls, name, _patched_entry_point(originals[name]))
@@ -222,10 +222,7 @@ def _check_hooks(flavour: str, trainer_cls: type) -> None:
     """Raises if a method the patch relies on is missing from this Lightning's ``Trainer``."""
     needed = {
         "Trainer.__init__.__wrapped__": hasattr(trainer_cls.__init__, "__wrapped__"),
-        **{
-            f"Trainer.{name}": hasattr(trainer_cls, name)
-            for name in ("_run", "_run_stage", "_teardown", *_ENTRY_POINTS)
-        },
+        **{f"Trainer.{name}": hasattr(trainer_cls, name) for name in (*_RUN_HOOKS, *_ENTRY_POINTS)},
     }
     missing = [name for name, found in needed.items() if not found]
     if missing:
@@ -254,29 +251,30 @@ def _patched_init(init: Callable[..., None], connector_cls: type) -> Callable[..
 
 
 def _patched_run(run: Callable[..., Any]) -> Callable[..., Any]:
-    """``Trainer._run`` that lets the connector decide what the run compiles, first."""
+    """``Trainer._run`` that lets the connector decide what the run compiles, first, and compile after the setup."""
 
     @functools.wraps(run)
     def _run(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
         connector = getattr(self, "_compile_connector", None)  # a Trainer created before the patch has none
         if connector is not None:
             connector.on_run_start(model)
+            _compile_after_setup(self.strategy, connector)
         return run(self, model, *args, **kwargs)
 
     return _run
 
 
-def _patched_run_stage(run_stage: Callable[..., Any]) -> Callable[..., Any]:
-    """``Trainer._run_stage`` that compiles first: ``_run`` calls it right after the strategy's setup."""
+def _compile_after_setup(strategy: Any, connector: Any) -> None:
+    """For this run, ``strategy.setup`` compiles right after it: the point where the upstream ``_run`` compiles."""
+    if connector.run_kwargs is None:
+        return
+    setup = strategy.setup
 
-    @functools.wraps(run_stage)
-    def _run_stage(self: Any) -> Any:
-        connector = getattr(self, "_compile_connector", None)
-        if connector is not None:
-            connector.compile()
-        return run_stage(self)
+    def setup_then_compile(trainer: Any) -> None:
+        setup(trainer)
+        connector.compile()
 
-    return _run_stage
+    connector.replace(strategy, "setup", setup_then_compile, scope="run")
 
 
 def _patched_teardown(teardown: Callable[..., Any]) -> Callable[..., Any]:

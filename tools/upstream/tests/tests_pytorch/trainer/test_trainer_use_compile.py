@@ -227,6 +227,64 @@ def test_use_compile_none_compiles_a_compiled_model_again_after_the_wrap(tmp_pat
     assert compiled(torch.randn(2, 32)).shape == (2, 2)  # the compiled model passed in still works
 
 
+class IsCompilingInWrapperForward(Callback):
+    """Records, at each call of the strategy's model (the DDP wrapper while fitting), whether it runs compiled."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_fit_start(self, trainer, pl_module):
+        trainer.strategy.model.register_forward_pre_hook(lambda *_: self.seen.append(torch.compiler.is_compiling()))
+
+
+@RunIf(min_torch="2.9", dynamo=True, skip_windows=True)
+@pytest.mark.parametrize("compiled_input", [False, True])
+def test_use_compile_compiles_the_wrapper_itself(tmp_path, compiled_input):
+    """DDP's own forward (its pre- and post-forward) runs inside the compiled code, not only the step within it."""
+    model = LoggingModel()
+    given = torch.compile(model, backend="eager") if compiled_input else model
+    use_compile = None if compiled_input else {"backend": "eager"}
+    probe = IsCompilingInWrapperForward()
+    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", use_compile=use_compile, callbacks=[probe], **kwargs)
+    trainer.fit(given)
+    assert probe.seen == [True, True]
+
+
+class LRFinderTrialCalls(LoggingModel):
+    """Counts the compiled graphs each training batch ran: in the model, since the finder swaps the callbacks."""
+
+    def __init__(self, backend):
+        super().__init__()
+        self.backend = backend
+        self.calls = []
+
+    def on_train_batch_start(self, *_):
+        self._before = self.backend.calls
+
+    def on_train_batch_end(self, *_):
+        self.calls.append(self.backend.calls - self._before)
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize("compiled_input", [False, True])
+def test_use_compile_compiles_before_the_hooks_that_run_steps(tmp_path, compiled_input):
+    """The tuner's trials run in `on_fit_start`: they run compiled, as the training after them does."""
+    from lightning.pytorch.callbacks import LearningRateFinder
+
+    backend = CountingBackend()
+    model = LRFinderTrialCalls(backend)
+    given = torch.compile(model, backend=backend) if compiled_input else model
+    use_compile = None if compiled_input else {"backend": backend}
+    finder = LearningRateFinder(num_training_steps=4, early_stop_threshold=None)
+    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
+    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, callbacks=[finder], **kwargs)
+    trainer.fit(given)
+    assert finder.optimal_lr is not None
+    assert len(model.calls) == 4 + 2  # the finder's trials, then the training
+    assert all(model.calls), model.calls
+
+
 @RunIf(dynamo=True)
 def test_use_compile_false_keeps_the_default_behavior(tmp_path):
     compiled = torch.compile(BoringModel(), backend="eager")
