@@ -575,6 +575,27 @@ instance (a graph break at each call, one compile) and put back when the run end
     ),
 )
 
+LOOP_COUNTERS = Patch(
+    subject="Keep `current_epoch` and `global_step` from recompiling steps compiled by `Trainer(use_compile=...)`",
+    body="""\
+A step that reads `self.current_epoch` or `self.global_step` (a curriculum, a KL-annealing weight)
+reads an int through the module, which Dynamo guards by its value: the step compiled again at every
+new epoch or step until it reached the recompile limit, and ran uncompiled from then on (from the
+8th epoch for `if self.current_epoch == 0:`, from the 8th step for `self.global_step`).
+`dynamic=True` does not change that, since it applies to the step's inputs. For the run, the ints
+under the Trainer's loops are marked dynamic with `torch.compiler.config.dynamic_sources` (torch
+2.8+), which is restored when the run ends, on every path.""",
+    modules=("compile_features.loop_counters",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_loop_counters.py",),
+    edits=(
+        InsertAfter(COMPILE_DOCS, "On PyTorch 2.2 and later, ``torch.compile`` will detect", _doc("loop_counters")),
+        *_changelog_fixed(
+            "- Fixed a step that reads `self.current_epoch` or `self.global_step` recompiling at every epoch or step"
+            f" under `Trainer(use_compile=...)`, until the recompile limit made it run uncompiled {ISSUE}",
+            1,
+        ),
+    ),
+)
 
 SERIES: tuple[Patch, ...] = (
     FIX_FORWARD_REDIRECTION,
@@ -589,6 +610,7 @@ SERIES: tuple[Patch, ...] = (
     CACHE,
     COMPILED_AUTOGRAD,
     METRICS,
+    LOOP_COUNTERS,
 )
 
 

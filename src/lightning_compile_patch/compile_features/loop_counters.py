@@ -1,0 +1,41 @@
+"""Lightning's loop counters are dynamic in the compiled step: reading ``self.current_epoch`` recompiles nothing.
+
+A step that reads ``self.current_epoch`` or ``self.global_step`` (a curriculum, a KL-annealing weight, a warm-up)
+reads an int through the module, ``self._trainer.fit_loop...``, and Dynamo guards such an int by its value: every new
+epoch, or every step, compiled the step again, until Dynamo's recompile limit left it uncompiled for the rest of the
+run. ``use_compile={"dynamic": True}`` does not change that, since it applies to the step's inputs, not to attributes.
+
+For the run, every int under a loop of the Trainer is marked dynamic (``torch.compiler.config.dynamic_sources``, torch
+2.8+, a process-wide setting put back when the run ends): the step is compiled for a symbolic epoch and step, once. A
+branch on one (``if self.current_epoch == 0``) still compiles each side once.
+
+"""
+
+import operator
+from typing import Any
+
+import torch
+from lightning_utilities.core.imports import compare_version
+
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
+
+#: The sources of every value under one of the Trainer's loops, as Dynamo names them (``L['self']._trainer.fit_loop
+#: .epoch_progress.current.completed``), whichever module or wrapper the compiled frame starts from.
+LOOP_SOURCES = r".*\._trainer\.(fit|validate|test|predict)_loop\..*"
+#: torch 2.8 and newer match ``dynamic_sources`` as regular expressions (pytorch#151766; 2.7 takes exact names only).
+_SUPPORTED = compare_version("torch", operator.ge, "2.8.0")
+
+
+class _LoopCounters(_CompileFeature):
+    """Marks the Trainer's loop counters dynamic for the run."""
+
+    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+        if not _SUPPORTED:
+            return
+        config = torch.compiler.config
+        given = config.dynamic_sources
+        value = f"{given},{LOOP_SOURCES}" if given else LOOP_SOURCES  # the user's own sources stay
+        connector.replace(config, "dynamic_sources", value, scope="run")
+
+
+FEATURE = _LoopCounters
