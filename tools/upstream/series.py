@@ -113,6 +113,8 @@ _MASTER_FIXED = (
     "- Fixed non-zero process exits in `CombinedLoader.reset()`",
     "- Fixed `SIGTERMException` producing a zero exit code",
     "- fixed AccumulateGrad stream mismatch warning",
+    "- Fixed `FSDPStrategy` raising `RuntimeError` under PyTorch 2.5+ when `root_device` is CPU",
+    "- Fixed `LightningModule.toggle_optimizer` / `untoggle_optimizer` breaking under `torch.compile`",
 )
 
 
@@ -596,6 +598,28 @@ under the Trainer's loops are marked dynamic with `torch.compiler.config.dynamic
         ),
     ),
 )
+COMPILE_BUDGET = Patch(
+    subject="Give each Trainer's runs under `Trainer(use_compile=...)` their own recompile budget",
+    body="""\
+Dynamo keeps its compiled entries, its recompile count and its "skip" marks per code object for the
+life of the process. In a hyperparameter sweep (one model class, a new Trainer and another width per
+trial), every trial added entries to the same step methods, and under DDP to `_ForwardRedirection`,
+which every model shares: from the 9th trial on one device, and the 5th under DDP, every step ran
+uncompiled. When a run starts for another Trainer than the last compiled run of the process, the
+code objects that Dynamo converted since the first compiled run are now reset
+(`torch._C._dynamo.eval_frame.reset_code`), so this Trainer compiles them afresh; the runs of one
+Trainer share their compiled code.""",
+    modules=("compile_features.compile_budget",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_compile_budget.py",),
+    edits=(
+        InsertAfter(COMPILE_DOCS, "**When your training suddenly becomes slow", _doc("compile_budget")),
+        *_changelog_fixed(
+            "- Fixed the Trainers of a sweep in one process running uncompiled under `Trainer(use_compile=...)` once"
+            f" Dynamo's recompile limit was reached by earlier Trainers {ISSUE}",
+            6,
+        ),
+    ),
+)
 
 SERIES: tuple[Patch, ...] = (
     FIX_FORWARD_REDIRECTION,
@@ -611,6 +635,7 @@ SERIES: tuple[Patch, ...] = (
     COMPILED_AUTOGRAD,
     METRICS,
     LOOP_COUNTERS,
+    COMPILE_BUDGET,
 )
 
 

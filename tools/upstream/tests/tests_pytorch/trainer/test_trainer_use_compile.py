@@ -258,6 +258,10 @@ class LRFinderTrialCalls(LoggingModel):
         super().__init__()
         self.backend = backend
         self.calls = []
+        self.lr = 0.1  # the finder sets it
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
 
     def on_train_batch_start(self, *_):
         self._before = self.backend.calls

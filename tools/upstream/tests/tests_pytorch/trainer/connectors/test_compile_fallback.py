@@ -61,8 +61,15 @@ def test_fallback_eager_warns_and_trains(tmp_path):
 
 
 def test_fallback_rejects_unknown_values():
-    with pytest.raises(ValueError, match="Choose `None`"):
+    with pytest.raises(ValueError, match=r"'fallback': 'cpu'.*pass 'eager'"):
         Trainer(use_compile={"fallback": "cpu"})
+
+
+def test_fallback_takes_its_value_from_a_config_file():
+    import json
+
+    # compared by value: a string read from JSON, YAML or the command line is not the interned literal
+    Trainer(use_compile=json.loads('{"fallback": "eager"}'))
 
 
 class _BackwardTwice(BoringModel):

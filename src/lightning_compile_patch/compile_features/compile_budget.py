@@ -1,0 +1,46 @@
+"""Each Trainer's runs get Dynamo's whole recompile budget, however many Trainers compiled before them in the process.
+
+Dynamo keeps its compiled entries, its recompile count and its "skip" marks per code object, for the life of the
+process. In a sweep (Optuna, Ray Tune, a notebook: one model class, a new Trainer and a new width or depth per trial),
+each trial added entries to the same code objects: the step methods of the model class and, under DDP, Lightning's own
+forward redirection, which every model shares. From the 9th trial on one device, and the 5th under DDP, every step ran
+eagerly.
+
+So when a run starts for another Trainer than the last compiled run of the process, the code objects that Dynamo
+converted since the first compiled run of the process are reset: their compiled entries, their count and their marks
+go, and this Trainer compiles them afresh. The runs of one Trainer (``fit``, then ``validate``, ``test``, ``predict``)
+share their compiled code: each step compiles once for all of them. ``torch.compile(isolate_recompiles=True)`` (torch
+2.13+) keeps apart only the frames of one call, not a Trainer's runs, and no other torch has it; a reset works on
+every torch.
+
+"""
+
+import weakref
+from typing import Any, Optional
+
+import torch
+from torch._dynamo.convert_frame import input_codes
+
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
+
+#: The Trainer whose run compiled last in this process, and where the codes converted by compiled runs begin.
+_LAST: dict[str, Any] = {"connector": None, "first": None}
+
+
+class _CompileBudget(_CompileFeature):
+    """Resets what earlier Trainers compiled, when another Trainer's run starts."""
+
+    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+        last: Optional[_CompileConnector] = _LAST["connector"]() if _LAST["connector"] is not None else None
+        first = _LAST["first"]
+        if first is None or first > len(input_codes.seen):  # the first compiled run, or after `torch._dynamo.reset()`
+            first = len(input_codes.seen)
+        elif last is not connector:
+            for ref in input_codes.seen[first:]:
+                code = ref()
+                if code is not None:
+                    torch._C._dynamo.eval_frame.reset_code(code)  # its entries, its recompile count, its "skip" mark
+        _LAST.update(connector=weakref.ref(connector), first=first)
+
+
+FEATURE = _CompileBudget

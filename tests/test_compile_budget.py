@@ -1,0 +1,50 @@
+"""A sweep in one process: every trial compiles every step, however many trials compiled before it.
+
+One model class, a new Trainer and another width and depth per trial, as Optuna, Ray Tune and notebooks run it. Dynamo
+counts its recompile limit per code object for the life of the process: without a budget per Trainer, the trials ran
+eagerly from the 9th on one device and from the 5th under DDP (Lightning's forward redirection is shared by every
+model).
+"""
+
+import pytest
+from torch import nn
+
+from helpers import QUIET, last_summary
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+TRIALS = 12
+
+
+class Sized(BoringModel):
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        hidden = [nn.Linear(32, 32) for _ in range(depth - 1)]
+        self.layer = nn.Sequential(*hidden, nn.Linear(32, width), nn.Linear(width, 2))
+
+
+def trial(strategy, width, depth, **kwargs):
+    options = {**QUIET, "max_steps": 3, "limit_val_batches": 2, "val_check_interval": 3, "num_sanity_val_steps": 0}
+    trainer = Trainer(strategy=strategy, use_compile={"backend": "eager"}, **{**options, **kwargs})
+    model = Sized(width, depth)
+    trainer.fit(model)
+    return trainer, model
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_every_trial_of_a_sweep_compiles_every_step(strategy):
+    for number in range(TRIALS):
+        trainer, _ = trial(strategy, width=8 + number, depth=1 + number % 3)
+        summary = last_summary(trainer)
+        assert summary.compiled_steps == {"training": 3, "evaluation": 2}, (number, summary)
+        assert summary.eager_steps == {}, (number, summary)
+        assert summary.recompile_limit_hits == [], (number, summary)
+
+
+def test_the_runs_of_one_trainer_share_their_compiled_steps():
+    trainer, model = trial("auto", width=8, depth=1)
+    trial("auto", width=9, depth=2)  # another Trainer in between
+    trainer.validate(model)
+    assert last_summary(trainer).compiled_steps == {"evaluation": 2}
+    trainer.validate(model)
+    assert last_summary(trainer).graphs == 0  # the second validate of one Trainer compiles nothing again
