@@ -246,31 +246,32 @@ class _CompileConnector:
 
         """
         if name in getattr(target, "__dict__", {}) or isinstance(target, types.ModuleType):
-            undo: Callable[[], Any] = functools.partial(setattr, target, name, getattr(target, name))
+            before = getattr(target, name)
+            self.callback(lambda: setattr(target, name, before), scope=scope)
         else:
-            undo = functools.partial(target.__dict__.pop, name, None)
+            self.callback(lambda: target.__dict__.pop(name, None), scope=scope)
         setattr(target, name, value)
-        self._undo[scope].append(undo)
 
     def setenv(self, name: str, value: str, scope: _Scope = "run") -> None:
         """Sets the environment variable ``name`` until the end of ``scope``, then puts back what was there."""
         before = os.environ.get(name)
         os.environ[name] = value
-        self._undo[scope].append(
-            functools.partial(os.environ.pop, name, None)
-            if before is None
-            else functools.partial(os.environ.__setitem__, name, before)
-        )
+        if before is None:
+            self.callback(lambda: os.environ.pop(name, None), scope=scope)
+        else:
+            self.callback(lambda: os.environ.__setitem__(name, before), scope=scope)
 
     def enter(self, context: contextlib.AbstractContextManager, scope: _Scope = "run") -> Any:
         """Enters ``context`` (torch's own ``config.patch``, a switch) until the end of ``scope``."""
         value = context.__enter__()
-        self._undo[scope].append(functools.partial(context.__exit__, None, None, None))
+        self.callback(lambda: context.__exit__(None, None, None), scope=scope)
         return value
 
     def callback(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:
         """Calls ``undo(*args)`` at the end of ``scope``: for what is undone by a function of its own."""
-        self._undo[scope].append(functools.partial(undo, *args))
+        # a closure, not a `functools.partial`: a Trainer that a callback deep-copies mid-run (Lightning's own tests do)
+        # copies functions by reference, while a partial's arguments (a config module) would be copied and cannot be
+        self._undo[scope].append(lambda: undo(*args))
 
     def uncompile(self) -> None:
         """Undoes what this run compiled, latest first; the run's settings stay until its teardown."""

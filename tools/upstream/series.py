@@ -594,7 +594,7 @@ under the Trainer's loops are marked dynamic with `torch.compiler.config.dynamic
         *_changelog_fixed(
             "- Fixed a step that reads `self.current_epoch` or `self.global_step` recompiling at every epoch or step"
             f" under `Trainer(use_compile=...)`, until the recompile limit made it run uncompiled {ISSUE}",
-            1,
+            5,
         ),
     ),
 )

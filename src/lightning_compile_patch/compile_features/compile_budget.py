@@ -6,12 +6,15 @@ each trial added entries to the same code objects: the step methods of the model
 forward redirection, which every model shares. From the 9th trial on one device, and the 5th under DDP, every step ran
 eagerly.
 
-So when a run starts for another Trainer than the last compiled run of the process, the code objects that Dynamo
-converted since the first compiled run of the process are reset: their compiled entries, their count and their marks
-go, and this Trainer compiles them afresh. The runs of one Trainer (``fit``, then ``validate``, ``test``, ``predict``)
-share their compiled code: each step compiles once for all of them. ``torch.compile(isolate_recompiles=True)`` (torch
-2.13+) keeps apart only the frames of one call, not a Trainer's runs, and no other torch has it; a reset works on
-every torch.
+So when a run starts for another Trainer than the last compiled run of the process, each code object that Dynamo
+converted since the first compiled run of the process, and that holds half of Dynamo's recompile limit in compiled
+entries or more (or was left "skip" at the limit), is reset: its entries, its count and its mark go, and this Trainer
+compiles it afresh, with at least half the budget. Code with fewer entries keeps them: repeated runs of one
+configuration (cross-validation) reuse their compiled code, as they add no entries. The runs of one Trainer (``fit``,
+then ``validate``, ``test``, ``predict``) share their compiled code: each step compiles once for all of them.
+
+``torch.compile(isolate_recompiles=True)`` (torch 2.13+) keeps apart only the frames of one call, not a Trainer's runs,
+and no other torch has it; a reset works on every torch.
 
 """
 
@@ -27,6 +30,12 @@ from lightning_compile_patch.compile_connector import _CompileConnector, _Compil
 _LAST: dict[str, Any] = {"connector": None, "first": None}
 
 
+def _limit() -> int:
+    """Dynamo's recompile limit; torch before 2.7 calls it ``cache_size_limit``."""
+    config = torch._dynamo.config
+    return getattr(config, "recompile_limit", None) or config.cache_size_limit
+
+
 class _CompileBudget(_CompileFeature):
     """Resets what earlier Trainers compiled, when another Trainer's run starts."""
 
@@ -36,10 +45,11 @@ class _CompileBudget(_CompileFeature):
         if first is None or first > len(input_codes.seen):  # the first compiled run, or after `torch._dynamo.reset()`
             first = len(input_codes.seen)
         elif last is not connector:
+            eval_frame = torch._C._dynamo.eval_frame
             for ref in input_codes.seen[first:]:
                 code = ref()
-                if code is not None:
-                    torch._C._dynamo.eval_frame.reset_code(code)  # its entries, its recompile count, its "skip" mark
+                if code is not None and len(eval_frame._debug_get_cache_entry_list(code)) >= _limit() // 2:
+                    eval_frame.reset_code(code)  # its entries, its recompile count, its "skip" mark
         _LAST.update(connector=weakref.ref(connector), first=first)
 
 
