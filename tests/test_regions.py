@@ -366,97 +366,15 @@ def test_blocks_that_differ_by_a_per_layer_constant_are_each_compiled(caplog):
     assert "12 blocks of `IndexedBlock`, compiled one by one, since they differ in `layer_idx`" in caplog.text
 
 
-class ResidualBlock(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(16, 16)
-
-    def forward(self, x):
-        return x + self.fc(x)
-
-
-def nested_region_gradients(mode):
-    """The gradient norm of each of two residual blocks after one backward of the step.
-
-    ``mode``: ``"eager"``; ``"compiled"`` with inductor; ``"nested"``, the same with the blocks' ``forward`` a
-    ``torch.compiler.nested_compile_region`` bound to each block, as ``regions`` binds it.
-    (docs/repros/nested_compile_region_gradients.py, in a test.)
-    """
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    embedding, blocks = nn.Embedding(10, 16), nn.ModuleList(ResidualBlock() for _ in range(2))
-    head = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32, bias=False))
-    if mode == "nested":
-        region = torch.compiler.nested_compile_region(ResidualBlock.forward)
-        for block in blocks:
-            block.forward = region.__get__(block)
-
-    def step(idx):
-        x = embedding(idx)
-        for block in blocks:
-            x = block(x)
-        return head(x).square().mean()
-
-    (step if mode == "eager" else torch.compile(step, backend="inductor"))(torch.arange(8)).backward()
-    # a block that got no gradient at all (2.13 with regions bound per block) counts as a gradient of norm 0
-    return torch.stack([torch.zeros(()) if b.fc.weight.grad is None else b.fc.weight.grad.norm() for b in blocks])
-
-
-@pytest.mark.slow
-def test_the_nested_region_table_is_right_about_this_torch(tmp_path, monkeypatch):
-    """`regions` nests blocks in one graph only where torch's `nested_compile_region` is listed as correct.
-
-    Run on every torch CI runs: a torch whose nested regions compute wrong gradients fails here while the table says
-    they are right (2.13.0 gets the first block's right and the second's wrong: 0.2126 against 0.2162).
-    """
-    regions = lightning_side("regions")
-    minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    if not hasattr(torch.compiler, "nested_compile_region"):
-        assert not regions._nested_regions_correct()
-        return
-    if minor not in regions._NESTED_REGIONS_CORRECT:
-        pytest.skip(f"torch {minor} is not in the table: regions stay opaque there")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    eager, compiled, nested = (nested_region_gradients(mode) for mode in ("eager", "compiled", "nested"))
-    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-6)
-    correct = torch.allclose(nested, eager, rtol=1e-4, atol=1e-6)
-    assert correct == regions._NESTED_REGIONS_CORRECT[minor], (minor, eager.tolist(), nested.tolist())
-
-
-NESTED = lightning_side("regions")._nested_regions_correct()
-
-
-NESTED_OK = {"backend": "aot_eager", "fullgraph": True, "regions": "auto"}
-
-
-@pytest.mark.skipif(not NESTED, reason="this torch's nested_compile_region is not known to be correct")
-def test_regions_nest_in_the_steps_one_graph_where_torch_gets_them_right(caplog):
-    eager = losses(None)
-    seed_everything(0)
-    model = small_gpt(n_layer=4)
+@pytest.mark.parametrize("fullgraph", [True, None])
+def test_fullgraph_applies_to_each_region_and_the_log_says_the_step_is_not_one_graph(caplog, fullgraph):
+    """The step calls each region as an opaque function: it is compiled with `fullgraph=False`, and says so."""
+    use_compile = {**EAGER, "regions": "auto", **({"fullgraph": fullgraph} if fullgraph else {})}
+    trainer = Trainer(use_compile=use_compile, max_steps=2, limit_val_batches=0, **QUIET)
     with caplog.at_level(logging.INFO):
-        trainer = Trainer(use_compile=NESTED_OK, max_steps=4, limit_val_batches=2, **QUIET)
-        trainer.fit(model)
+        trainer.fit(small_gpt(n_layer=4))
     summary = last_summary(trainer)
-    assert summary.graph_breaks == 0
-    assert summary.notes == ["regions: 4 blocks nested in the step's one graph"]
-    assert summary.compiled_steps == {"training": 4, "evaluation": 2}  # the sanity check's 2 batches
-    assert leftovers(model) == []
-    assert "nested in the step's one graph" in caplog.text
-    torch.testing.assert_close(losses(NESTED_OK), eager, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.skipif(not NESTED, reason="this torch's nested_compile_region is not known to be correct")
-@pytest.mark.parametrize(
-    ("strategy", "use_compile"),
-    [
-        ("auto", {**NESTED_OK, "fullgraph": False}),  # a graph break in a nested block would be a hard error
-        ("auto", {**NESTED_OK, "backend": "eager"}),  # cannot run nested regions
-        ("ddp", NESTED_OK),  # not measured
-    ],
-    ids=["without_fullgraph", "eager_backend", "ddp"],
-)
-def test_where_regions_cannot_nest_they_stay_opaque(strategy, use_compile):
-    trainer = Trainer(strategy=strategy, use_compile=use_compile, max_steps=2, limit_val_batches=0, **QUIET)
-    trainer.fit(small_gpt(n_layer=4))
-    assert last_summary(trainer).notes == ["regions: 4 blocks sharing one compiled graph"]
+    assert summary.notes == ["regions: 4 blocks sharing one compiled graph"]
+    assert summary.eager_steps == {}
+    line = "`fullgraph=True` applies to each region; the step is compiled with `fullgraph=False`"
+    assert (line in caplog.text) is bool(fullgraph)

@@ -26,9 +26,9 @@ from helpers import QUIET, demo_gpt, last_summary, leftovers, lightning_side, ru
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-#: Where tensor parallelism under `use_compile` was measured (the list `regions` warns outside of): torch 2.13 only,
-#: on CPU. 2.6 cannot run FSDP2 on CPU at all; 2.9 and 2.14 were not run: add them to the list when this passes there.
-TESTED = lightning_side("regions")._TENSOR_PARALLEL_TESTED_ON
+#: Where tensor parallelism under `use_compile` was measured (the list `tensor_parallel` warns outside of): torch 2.13
+#: only, on CPU. 2.6 cannot run FSDP2 on CPU at all; 2.9 and 2.14 were not run: add them to the list when this passes.
+TESTED = lightning_side("tensor_parallel")._TENSOR_PARALLEL_TESTED_ON
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(

@@ -14,7 +14,7 @@ their own, so that ``git am -3`` takes any subset in order).
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from upstream import package_module
 
@@ -401,20 +401,26 @@ def _feature(
     name: str,
     subject: str,
     body: str,
-    docs_before: str,
+    docs_before: Union[str, InsertAfter],
     entry: str,
     slot: int,
     more_tests: tuple[str, ...] = (),
     modules: tuple[str, ...] = (),
+    fixed: bool = False,
     **kwargs: object,
 ) -> Patch:
-    """A later patch: one feature module, its tests (``test_compile_<name>.py``, ``more_tests``), docs and CHANGELOG."""
+    """A later patch: one feature module, its tests (``test_compile_<name>.py``, ``more_tests``), docs and CHANGELOG.
+
+    ``docs_before``: the title of the section of ``compile.rst`` that its docs section goes before, or its own edit of
+    ``compile.rst``. ``fixed``: its CHANGELOG line is a ``Fixed`` one, and ``slot`` an index of ``_MASTER_FIXED``.
+    """
+    docs = docs_before if isinstance(docs_before, InsertAfter) else _section_before(docs_before, name)
     return Patch(
         subject=subject,
         body=body,
         modules=modules or (f"compile_features.{name}",),
         tests=(f"tests_pytorch/trainer/connectors/test_compile_{name}.py", *more_tests),
-        edits=(_section_before(docs_before, name), *_changelog_added(entry, slot)),
+        edits=(docs, *(_changelog_fixed if fixed else _changelog_added)(entry, slot)),
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -516,8 +522,30 @@ of repeated blocks the model has.""",
     '- Added `Trainer(use_compile={"regions": ...})` to compile each repeated block of a model on its own, which'
     f" shortens the first step of deep models {ISSUE}",
     3,
-    # tensor parallelism and FSDP2 on a 2x2 mesh, 4 CPU processes (standalone)
-    more_tests=("tests_pytorch/trainer/connectors/test_compile_regions_tensor_parallel.py",),
+)
+TENSOR_PARALLEL = _feature(
+    "tensor_parallel",
+    "Refuse what tensor parallelism cannot compile whole in `Trainer(use_compile=...)`",
+    """\
+Under FSDP2, Dynamo does not trace the sharded modules' hooks (they are compiler-disabled), so a
+whole model compiles each module call on its own, and a module's tensor-parallel hooks apart from
+its `forward`. A vocabulary-parallel embedding (`RowwiseParallel` on `nn.Embedding`) returns a
+partial DTensor that cannot cross that graph boundary, and compilation failed deep in AOTAutograd
+("Mixing fake modes NYI"). That case is now refused in the first step's setup, before any weight
+changes, with an error that names `use_compile={"regions": "auto"}`: regions compile such a module
+with its hooks, in one graph. Tensor parallelism under `use_compile` was tested on torch 2.13 (CPU,
+gloo, on a 2x2 mesh with FSDP2); on another torch it warns.
+
+Builds on the regions patch: the module asks it which modules have tensor-parallel hooks, and the
+test trains the 2x2 mesh with regions.""",
+    InsertAfter(
+        COMPILE_DOCS, "For a full example, see our `FP8 Distributed Transformer example", _doc("tensor_parallel")
+    ),
+    "- Fixed `Trainer(use_compile=...)` failing deep in the compiler on a whole model sharded with `fully_shard` whose"
+    " embedding is vocabulary-parallel: it is refused before the first step, naming `regions` as the fix, and tensor"
+    f" parallelism warns on a torch it was not tested on {ISSUE}",
+    1,
+    fixed=True,
 )
 CACHE = _feature(
     "cache",
@@ -631,6 +659,7 @@ SERIES: tuple[Patch, ...] = (
     FALLBACK,
     OPTIMIZE_DDP,
     REGIONS,
+    TENSOR_PARALLEL,
     CACHE,
     COMPILED_AUTOGRAD,
     METRICS,

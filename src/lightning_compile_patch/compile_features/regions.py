@@ -1,7 +1,7 @@
 """Regional compilation: compile each repeated block on its own, and the rest of the step around them.
 
-A model of ``N`` identical blocks compiles one block's graph once and runs it ``N`` times, instead of tracing and
-compiling ``N`` copies inside one big graph, so the cold start stops growing with the depth of the model::
+A model of ``N`` identical blocks compiles one block's graph once and runs it ``N`` times, so the cold start stops
+growing with the depth of the model::
 
     training_step ── compiled: the loss, logging, the rest of the step
       model.forward ── plain Python: its loop over the blocks cannot be compiled around them
@@ -11,18 +11,14 @@ compiling ``N`` copies inside one big graph, so the cold start stops growing wit
         block N ──┘
         norm, head ─── regions of their own
 
-That is the opaque-region design, used on every torch. Where torch's ``nested_compile_region`` is known to be right
-(see ``_NESTED_REGIONS_CORRECT``) and the run asks for one graph (``fullgraph=True``), the blocks are nested regions
-inside the step's single graph instead.
-
-Each region is compiled in place, through its ``forward``: the module keeps its type and state-dict keys, and hooks
-registered on it (``fully_shard`` for instance) still run around the compiled code. The step calls each region as an
-opaque function, so that its own compiled graph does not trace into the blocks again.
+Each region is compiled in place, through its ``forward``: the module keeps its type and state-dict keys, and its
+hooks (``fully_shard``'s) still run around the compiled code. The step calls each region as an opaque function, so
+that the step's graph does not trace into the blocks again. One mechanism on every torch: ``nested_compile_region``
+gets the blocks' gradients wrong with inductor on torch 2.13 and 2.14 (docs/repros/nested_compile_region_gradients.py).
 
 """
 
 import enum
-import inspect
 import types
 from collections.abc import Mapping
 from typing import Any, Callable, Union
@@ -31,16 +27,14 @@ import torch
 from torch import nn
 
 import lightning.pytorch as pl
-from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
 
-#: Whether ``torch.compile`` can keep a call's compiled entries apart from other calls of the same code (torch 2.13+).
-_TORCH_ISOLATES_RECOMPILES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+_Spec = Union[str, tuple[Union[type, str], ...]]
 
 
-def _parse_regions(regions: Any) -> Union[str, tuple[Union[type, str], ...]]:
+def _parse_regions(regions: Any) -> _Spec:
     """Validates a ``regions`` value: ``"auto"``, a module class, or a tuple or list of classes and class names."""
     if regions == "auto":
         return "auto"
@@ -52,9 +46,7 @@ def _parse_regions(regions: Any) -> Union[str, tuple[Union[type, str], ...]]:
             " list of subclasses or class names, such as `{'regions': ['Block']}`."
         )
     for item in regions:
-        if isinstance(item, type) and issubclass(item, nn.Module):
-            continue
-        if isinstance(item, str) and item.isidentifier():
+        if (isinstance(item, str) and item.isidentifier()) or (isinstance(item, type) and issubclass(item, nn.Module)):
             continue
         raise TypeError(
             f"`Trainer(use_compile={{'regions': ...}})` got {item!r}; each entry must be an `nn.Module` subclass or the"
@@ -76,14 +68,9 @@ def _repeated_blocks(module: nn.Module) -> dict[str, nn.Module]:
     return found
 
 
-def _matches(block: nn.Module, spec: tuple[Union[type, str], ...]) -> bool:
-    """Whether ``block`` is an instance of a class in ``spec``, or of a class named there (subclasses included)."""
-    names = {cls.__name__ for cls in type(block).__mro__}
-    return any(isinstance(block, item) if isinstance(item, type) else item in names for item in spec)
-
-
-def _find_regions(module: nn.Module, regions: Union[str, tuple[Union[type, str], ...]]) -> dict[str, nn.Module]:
-    """The modules to compile one by one, by name. When matches nest, the outermost wins.
+def _find_regions(module: nn.Module, regions: _Spec) -> dict[str, nn.Module]:
+    """The blocks to compile, by name: ``"auto"``'s repeated blocks, or the instances of a class in ``regions`` or
+    named there (subclasses included). When matches nest, the outermost wins.
 
     Raises:
         ValueError: If nothing matches; the message lists the repeated blocks the model has.
@@ -94,8 +81,9 @@ def _find_regions(module: nn.Module, regions: Union[str, tuple[Union[type, str],
     else:
         found = {}
         for name, submodule in module.named_modules():
-            inside_match = any(name.startswith(f"{outer}.") for outer in found)
-            if name and not inside_match and _matches(submodule, regions):
+            names = {cls.__name__ for cls in type(submodule).__mro__}
+            matches = any(isinstance(submodule, r) if isinstance(r, type) else r in names for r in regions)
+            if name and matches and not any(name.startswith(f"{outer}.") for outer in found):
                 found[name] = submodule
     if found:
         return found
@@ -113,42 +101,33 @@ def _find_regions(module: nn.Module, regions: Union[str, tuple[Union[type, str],
 
 
 def _rest_of_model(module: nn.Module, blocks: dict[str, nn.Module]) -> dict[str, nn.Module]:
-    """The parts of the model that run between the blocks, by name, to compile as regions of their own.
+    """What runs between the blocks (embeddings, final norm, head), by name, to compile as regions of their own.
 
-    The model's ``forward`` that loops over the blocks cannot be compiled around them (Dynamo does not resume a graph
-    inside a loop), so what it calls besides the blocks (embeddings, final norm, head) would run eagerly. These are
-    the largest submodules with parameters that neither are, hold nor sit inside a block, found under the module that
-    owns the blocks (the nearest ancestor of a block container that is not itself a container).
+    The ``forward`` that loops over the blocks cannot be compiled around them (Dynamo does not resume a graph inside a
+    loop), so what it calls would run eagerly: the largest submodules with parameters that neither are, hold nor sit
+    in a block, under a module that owns blocks (a block container's nearest ancestor that is not a container).
 
     """
-    owners = {_owner(module, name) for name in blocks}
+
+    def within(name: str, ancestor: str) -> bool:
+        return name == ancestor or name.startswith(f"{ancestor}.")
+
+    owners = set()
+    for block in blocks:
+        owner = block.rpartition(".")[0]
+        while owner and isinstance(module.get_submodule(owner), (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
+            owner = owner.rpartition(".")[0]
+        owners.add(owner)
     rest: dict[str, nn.Module] = {}
     for name, submodule in module.named_modules():
-        if not name or any(_within(name, block) or _within(block, name) for block in blocks):
+        if not name or any(within(name, block) or within(block, name) for block in blocks):
             continue  # a block, inside one, or holding one
-        if not any(owner == "" or _within(name, owner) for owner in owners):
+        if not any(owner == "" or within(name, owner) for owner in owners):
             continue  # not part of the model the blocks belong to (metrics, a loss module of the LightningModule)
-        if any(_within(name, chosen) for chosen in rest) or next(submodule.parameters(), None) is None:
+        if any(within(name, chosen) for chosen in rest) or next(submodule.parameters(), None) is None:
             continue
         rest[name] = submodule
     return rest
-
-
-def _class_names(modules: dict[str, nn.Module]) -> str:
-    return "`, `".join(dict.fromkeys(type(m).__name__ for m in modules.values()))
-
-
-def _within(name: str, ancestor: str) -> bool:
-    """Whether the module called ``name`` is ``ancestor`` or inside it."""
-    return name == ancestor or name.startswith(f"{ancestor}.")
-
-
-def _owner(module: nn.Module, block: str) -> str:
-    """The name of the module whose ``forward`` calls the block: its first ancestor that is not a container."""
-    name = block.rpartition(".")[0]
-    while name and isinstance(module.get_submodule(name), (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
-        name = name.rpartition(".")[0]
-    return name
 
 
 #: The attribute values Dynamo specializes compiled code on: numbers, strings, ``None``, tuples and enums.
@@ -158,10 +137,9 @@ _CONSTANTS = (bool, int, float, str, type(None), tuple, enum.Enum)
 def _per_layer_constants(blocks: dict[str, nn.Module]) -> list[str]:
     """The plain attributes whose values differ from block to block, such as HF's ``layer_idx``.
 
-    Dynamo specializes compiled code on such values. Blocks that differ in one cannot share a compiled graph: each would
-    recompile it, until Dynamo's recompile limit leaves the deeper blocks to run eagerly. Whether ``forward`` reads the
-    attribute is not checked (it may read it in a helper), so an unread one costs a compile per block, never an eager
-    block. ``training`` is left out: Lightning's loops set it for the whole model.
+    Dynamo specializes compiled code on them, so such blocks cannot share a graph: each would recompile it, until the
+    recompile limit left the deeper blocks eager. Whether ``forward`` reads the attribute is not checked (a helper may
+    read it): an unread one costs a compile per block, never an eager block. ``training`` is the loops' own.
 
     """
     values: dict[str, set[str]] = {}
@@ -173,209 +151,32 @@ def _per_layer_constants(blocks: dict[str, nn.Module]) -> list[str]:
     return sorted(name for name, seen in values.items() if len(seen) > 1)
 
 
-def _region_compile_kwargs(compile_kwargs: dict[str, Any], shared: bool) -> dict[str, Any]:
-    """The ``torch.compile`` arguments for a region: the run's, with static shapes unless ``dynamic`` was given.
-
-    Static shapes are the default for regions, as in torchtitan: a new input shape (the last, partial batch) compiles
-    a block once more, and that entry serves every block, since they share their code; nothing recompiles per block.
-    Regions that do not share one graph (``shared=False``: the rest of the model, or blocks that differ in a per-layer
-    constant) keep their compiled entries apart, so that they do not add up to Dynamo's recompile limit together.
-
-    """
-    kwargs = {"dynamic": False, **compile_kwargs}
-    if shared or not _TORCH_ISOLATES_RECOMPILES:
-        return kwargs
-    return {**kwargs, "isolate_recompiles": True}
-
-
-def _own_code(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """Calls ``forward`` from a frame whose code object belongs to this region alone (for torch < 2.13).
-
-    Dynamo keeps compiled entries, and counts them against its recompile limit, per code object. Without
-    ``isolate_recompiles``, two embeddings around the blocks would share one budget, and so would every ``torch.nn``
-    module: ``torch.compile`` runs those from one shared wrapper frame (``wrap_inline``).
-
-    """
-
-    def region(*args: Any, **kwargs: Any) -> Any:
-        return forward(*args, **kwargs)
-
-    code = region.__code__.replace()  # an equal but distinct code object: Dynamo's entries live on the object
-    return types.FunctionType(code, region.__globals__, region.__name__, None, region.__closure__)
-
-
 def _compile_regions(
     regions: dict[str, nn.Module], compile_kwargs: Mapping[str, Any], shared: bool, replace: Callable = setattr
 ) -> None:
-    """Compiles each region in place, as a call the surrounding compiled step does not trace into.
+    """Compiles each region in place, as a call that the compiled step around it does not trace into.
 
-    ``replace(module, name, value)`` sets the compiled call on each region (the connector's records it, for the undo).
+    ``replace(module, name, value)`` sets the compiled call (the connector's records it, for the undo). Static shapes
+    unless ``dynamic`` is given, as in torchtitan: a new input shape compiles the shared block once more, not per block.
 
-    ``shared``: the regions are identical blocks, which share one compiled graph. Otherwise each region keeps its
-    compiled entries apart; identical graphs among them still reuse inductor's compiled code through its caches.
+    ``shared``: identical blocks, which share one compiled graph. Otherwise each region runs from a code object of its
+    own (``_region_call``): Dynamo keeps compiled entries, and counts them against its recompile limit, per code object,
+    so blocks that differ in a per-layer constant would recompile one shared entry until the limit left the deeper ones
+    eager, and two embeddings would share ``nn.Embedding.forward``'s. Identical graphs still share inductor's caches.
 
     """
-    kwargs = _region_compile_kwargs(dict(compile_kwargs), shared)
-    own_code = not shared and not _TORCH_ISOLATES_RECOMPILES
-
-    def compiled(region: nn.Module) -> Callable[..., Any]:
-        forward = _own_code(region.forward) if own_code else region.forward
-        return _region_boundary(torch.compile(forward, **kwargs), region.forward)
-
-    def compiled_call(region: nn.Module) -> Callable[..., Any]:
-        call = _own_code(_module_call(region)) if own_code else _module_call(region)
-        return _region_boundary(torch.compile(call, **kwargs), region._call_impl)
-
+    kwargs = {"dynamic": False, **compile_kwargs}
     for region in regions.values():
         if _has_tensor_parallel_hooks(region):
-            replace(region, "_compiled_call_impl", compiled_call(region))
+            compiled = torch.compile(_region_call(region._call_impl, own_code=not shared), **kwargs)
+            replace(region, "_compiled_call_impl", _region_boundary(compiled, region._call_impl))
         else:
-            replace(region, "forward", compiled(region))
-
-
-def _has_tensor_parallel_hooks(module: nn.Module) -> bool:
-    """Whether ``parallelize_module`` (``distribute_module``) put its input and output hooks on ``module`` itself.
-
-    Those hooks redistribute the module's DTensor inputs and outputs. A region made of the module's ``forward`` alone
-    would leave them outside its graph, and an output that is only partial there crosses the graph's boundary: a
-    vocabulary-parallel embedding (``RowwiseParallel`` on ``nn.Embedding``) returns a ``_MaskPartial`` DTensor whose
-    mask the output hook releases, and compiling its ``forward`` alone fails ("Mixing fake modes NYI", torch 2.13).
-    Such a module is compiled with its hooks, as ``nn.Module.compile`` does.
-
-    """
-    return bool(getattr(module, "_distribute_module_applied", False))
-
-
-def _module_call(module: nn.Module) -> Callable[..., Any]:
-    """The module's call, hooks and ``forward``, from a frame of this file that Dynamo traces.
-
-    ``torch.compile(module._call_impl)`` would start from a frame of ``torch.nn``, which Dynamo does not trace: it
-    would compile each hook and the ``forward`` on its own, and the hooks' redistributions would cross graphs again.
-
-    """
-
-    def region(*args: Any, **kwargs: Any) -> Any:
-        return module._call_impl(*args, **kwargs)
-
-    return region
-
-
-#: The torch versions (major.minor) that tensor parallelism under ``use_compile`` was tested on, on CPU with gloo
-#: (``tests/test_tensor_parallel.py``); on others it warns. Add one when that test passed on it.
-_TENSOR_PARALLEL_TESTED_ON = ("2.13",)
-
-
-def _check_tensor_parallel(module: nn.Module, whole: bool) -> None:
-    """Refuses what is known to fail with tensor parallelism, and warns on a torch it was not tested on.
-
-    Under FSDP2, Dynamo does not trace the sharded modules' hooks (they are compiler-disabled), so whole-model
-    compilation falls back to compiling each module call on its own, and a module's tensor-parallel hooks apart from its
-    ``forward``. A vocabulary-parallel embedding (``RowwiseParallel`` on ``nn.Embedding``) returns a ``_MaskPartial``
-    DTensor whose mask only its output hook releases; across two graphs that fails to compile ("Mixing fake modes
-    NYI", torch 2.13). Regions compile such a module with its hooks, in one graph: that is what to use instead.
-
-    """
-    parallel = [name for name, sub in module.named_modules() if _has_tensor_parallel_hooks(sub)]
-    if not parallel:
-        return
-    if _torch_minor() not in _TENSOR_PARALLEL_TESTED_ON:
-        rank_zero_warn(
-            f"`use_compile` with tensor parallelism (`parallelize_module` on `{parallel[0]}`, ...) was tested on torch"
-            f" {', '.join(_TENSOR_PARALLEL_TESTED_ON)} only; this is torch {torch.__version__}. Compare a few steps"
-            " with an eager run before relying on it."
-        )
-    if not whole or not any(_is_fully_sharded(sub) for sub in module.modules()):
-        return
-    embedding = next((name for name in parallel if _vocabulary_parallel(module.get_submodule(name))), None)
-    if embedding is not None:
-        raise ValueError(
-            f"`Trainer(use_compile=...)` cannot compile this model whole: `{embedding}` is a vocabulary-parallel"
-            " embedding (`RowwiseParallel` on `nn.Embedding`) in a model sharded with `fully_shard`. Dynamo does not"
-            " trace FSDP2's hooks, so it compiles each module call on its own, the embedding's tensor-parallel hooks"
-            " apart from its `forward`, and the partial output of the embedding cannot cross that graph boundary"
-            " (torch fails with 'Mixing fake modes NYI'). Pass `use_compile={'regions': 'auto'}`, which compiles the"
-            " embedding with its hooks in one graph, or shard the embedding another way."
-        )
-
-
-def _is_fully_sharded(module: nn.Module) -> bool:
-    """Whether ``fully_shard`` (FSDP2) was applied to ``module``."""
-    return any(cls.__name__ == "FSDPModule" for cls in type(module).__mro__)
-
-
-def _vocabulary_parallel(module: nn.Module) -> bool:
-    """Whether ``module`` is an embedding whose table is split by rows (the vocabulary) over the tensor-parallel mesh.
-
-    Under FSDP2 on a 2-D mesh the tensor-parallel placement is the last one (FSDP2 puts its own first).
-    """
-    from torch.distributed.tensor import DTensor, Shard
-
-    weight = getattr(module, "weight", None)
-    return (
-        isinstance(module, nn.Embedding)
-        and isinstance(weight, DTensor)
-        and isinstance(weight.placements[-1], Shard)
-        and weight.placements[-1].dim == 0
-    )
-
-
-#: Whether ``torch.compiler.nested_compile_region`` computes correct gradients with inductor, by torch version.
-#: Measured with ``docs/repros/nested_compile_region_gradients.py``, and held on every torch CI runs by
-#: ``tests/test_regions.py::test_the_nested_region_table_is_right_about_this_torch``. Versions not listed were not
-#: measured, and use opaque regions, as do versions without the API (before 2.9).
-_NESTED_REGIONS_CORRECT = {"2.9": True, "2.13": False, "2.14": False}
-
-
-def _torch_minor() -> str:
-    """The version of the installed torch as major.minor, such as "2.13"."""
-    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
-
-
-def _nested_regions_correct() -> bool:
-    """Whether this torch has ``nested_compile_region`` and computes correct gradients with it."""
-    return hasattr(torch.compiler, "nested_compile_region") and _NESTED_REGIONS_CORRECT.get(_torch_minor(), False)
-
-
-#: The backends that compile nested regions: they trace with fake tensors (``backend="eager"`` cannot run them).
-_NESTED_REGION_BACKENDS = ("inductor", "aot_eager")
-
-
-def _nested_regions_apply(trainer: "pl.Trainer", given: Mapping[str, Any], blocks: dict[str, nn.Module]) -> bool:
-    """Whether the blocks are nested in the step's one graph instead of opaque regions: only as measured.
-
-    That is where torch gets nested regions right, with ``fullgraph=True`` (a graph break inside a nested region is a
-    hard error, where an opaque region would split its graph), on one device in full precision with the default mode
-    of ``inductor`` or ``aot_eager``, and for blocks without a ``forward`` of their own instance (a hook's wrapper).
-    DDP's graph splitting, FSDP's per-module hooks, autocast and other modes were not measured with nested regions.
-
-    """
-    return (
-        _nested_regions_correct()
-        and given.get("fullgraph") is True
-        and (given.get("backend") or "inductor") in _NESTED_REGION_BACKENDS
-        and given.get("mode") is None
-        and isinstance(trainer.strategy, SingleDeviceStrategy)
-        and str(trainer.precision) in ("32-true", "32")
-        and not any("forward" in block.__dict__ for block in blocks.values())
-    )
-
-
-def _nest_regions(connector: _CompileConnector, blocks: dict[str, nn.Module]) -> None:
-    """Makes each block's ``forward`` a nested compile region, one per class, bound to each block.
-
-    The step is then compiled whole, as one graph: Dynamo traces each block's call and keeps one subgraph for the calls
-    that trace to the same graph, which AOTAutograd and inductor then compile once.
-
-    """
-    nested: dict[type, Callable[..., Any]] = {}
-    for block in blocks.values():
-        if type(block) not in nested:
-            nested[type(block)] = torch.compiler.nested_compile_region(type(block).forward)
-        connector.replace(block, "forward", types.MethodType(nested[type(block)], block))
+            forward = region.forward if shared else _region_call(region.forward, own_code=True)
+            replace(region, "forward", _region_boundary(torch.compile(forward, **kwargs), region.forward))
 
 
 def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
-    """Runs a block's compiled code; when the step around it is traced, the call stays opaque (its own region)."""
+    """Runs a region's compiled code; when the step around it is traced, the call stays opaque (a graph break)."""
 
     @torch.compiler.disable
     def compiled_region(*args: Any, **kwargs: Any) -> Any:
@@ -383,6 +184,34 @@ def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any])
 
     compiled_region.__wrapped__ = original  # for signature inspection
     return compiled_region
+
+
+def _region_call(call: Callable[..., Any], own_code: bool) -> Callable[..., Any]:
+    """Calls ``call`` from a frame of this file, which Dynamo traces; with ``own_code``, from a copy of its code.
+
+    ``torch.compile(module._call_impl)`` would start in ``torch.nn``, which Dynamo does not trace, and compile the hooks
+    and ``forward`` apart. The copy is equal but distinct: Dynamo's entries live on the object, on every torch (torch
+    2.13's ``isolate_recompiles`` did the same, and is not needed).
+
+    """
+
+    def region(*args: Any, **kwargs: Any) -> Any:
+        return call(*args, **kwargs)
+
+    if not own_code:
+        return region
+    return types.FunctionType(region.__code__.replace(), region.__globals__, "region", None, region.__closure__)
+
+
+def _has_tensor_parallel_hooks(module: nn.Module) -> bool:
+    """Whether ``parallelize_module`` put its hooks, which redistribute DTensors, on ``module`` itself.
+
+    Such a module is compiled with its hooks, as ``nn.Module.compile`` does: an output that is partial before its
+    output hook (a vocabulary-parallel embedding's ``_MaskPartial``) cannot cross a graph's boundary ("Mixing fake
+    modes NYI", torch 2.13).
+
+    """
+    return bool(getattr(module, "_distribute_module_applied", False))
 
 
 class _Regions(_CompileFeature):
@@ -400,26 +229,25 @@ class _Regions(_CompileFeature):
             _find_regions(model, self.regions)  # fail now, before the data is prepared
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        module = connector.trainer.lightning_module
-        _check_tensor_parallel(module, whole=self.regions is None)
         if self.regions is None:
             return {}
+        module = connector.trainer.lightning_module
         blocks = _find_regions(module, self.regions)
         constants = _per_layer_constants(blocks)
-        step_only: dict[str, Any] = {}
-        if not constants and _nested_regions_apply(connector.trainer, connector.given or {}, blocks):
-            _nest_regions(connector, blocks)
-            how = "nested in the step's one graph"
-        else:
-            kwargs = connector.run_kwargs or {}
-            _compile_regions(blocks, kwargs, shared=not constants, replace=connector.replace)
-            _compile_regions(_rest_of_model(module, blocks), kwargs, shared=False, replace=connector.replace)
-            step_only["fullgraph"] = False  # the step calls each region as an opaque function
-            how = "compiled one by one" if constants else "sharing one compiled graph"
+        kwargs = connector.run_kwargs or {}
+        _compile_regions(blocks, kwargs, shared=not constants, replace=connector.replace)
+        _compile_regions(_rest_of_model(module, blocks), kwargs, shared=False, replace=connector.replace)
+        how = "compiled one by one" if constants else "sharing one compiled graph"
         self.summary_note = f"regions: {len(blocks)} blocks {how}"
         why = f", since they differ in {', '.join(f'`{c}`' for c in constants[:3])}" if constants else ""
-        rank_zero_info(f"`use_compile`: regions: {len(blocks)} blocks of `{_class_names(blocks)}`, {how}{why}.")
-        return step_only
+        names = "`, `".join(dict.fromkeys(type(block).__name__ for block in blocks.values()))
+        rank_zero_info(f"`use_compile`: regions: {len(blocks)} blocks of `{names}`, {how}{why}.")
+        if (connector.given or {}).get("fullgraph") is True:
+            rank_zero_info(
+                "`use_compile`: regions: `fullgraph=True` applies to each region; the step is compiled with"
+                " `fullgraph=False`, since it calls each region as an opaque function."
+            )
+        return {"fullgraph": False}  # the step calls each region as an opaque function
 
 
 FEATURE = _Regions

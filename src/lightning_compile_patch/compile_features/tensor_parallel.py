@@ -1,0 +1,92 @@
+"""Tensor parallelism under ``use_compile``: warn on a torch it was not tested on, refuse what is known to fail.
+
+It checks every compiled run, with ``regions`` or without. The import goes one way so that each module stays
+importable alone: this one takes ``_has_tensor_parallel_hooks`` from ``regions`` (which compiles such a module with its
+hooks, and whose patch comes first), and ``regions`` imports nothing from here.
+
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.compile_features.regions import _has_tensor_parallel_hooks
+
+#: The torch versions (major.minor) that tensor parallelism under ``use_compile`` was tested on, on CPU with gloo
+#: (``tests/test_tensor_parallel.py``); on others it warns. Add one when that test passed on it.
+_TENSOR_PARALLEL_TESTED_ON = ("2.13",)
+
+
+def _torch_minor() -> str:
+    """The version of the installed torch as major.minor, such as "2.13"."""
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _check_tensor_parallel(module: nn.Module, whole: bool) -> None:
+    """Refuses what is known to fail with tensor parallelism, and warns on a torch it was not tested on.
+
+    Under FSDP2, Dynamo does not trace the sharded modules' hooks (they are compiler-disabled), so whole-model
+    compilation falls back to compiling each module call on its own, and a module's tensor-parallel hooks apart from its
+    ``forward``. A vocabulary-parallel embedding (``RowwiseParallel`` on ``nn.Embedding``) returns a ``_MaskPartial``
+    DTensor whose mask only its output hook releases; across two graphs that fails to compile ("Mixing fake modes
+    NYI", torch 2.13). Regions compile such a module with its hooks, in one graph: that is what to use instead.
+
+    """
+    parallel = [name for name, sub in module.named_modules() if _has_tensor_parallel_hooks(sub)]
+    if not parallel:
+        return
+    if _torch_minor() not in _TENSOR_PARALLEL_TESTED_ON:
+        rank_zero_warn(
+            f"`use_compile` with tensor parallelism (`parallelize_module` on `{parallel[0]}`, ...) was tested on torch"
+            f" {', '.join(_TENSOR_PARALLEL_TESTED_ON)} only; this is torch {torch.__version__}. Compare a few steps"
+            " with an eager run before relying on it."
+        )
+    if not whole or not any(_is_fully_sharded(sub) for sub in module.modules()):
+        return
+    embedding = next((name for name in parallel if _vocabulary_parallel(module.get_submodule(name))), None)
+    if embedding is not None:
+        raise ValueError(
+            f"`Trainer(use_compile=...)` cannot compile this model whole: `{embedding}` is a vocabulary-parallel"
+            " embedding (`RowwiseParallel` on `nn.Embedding`) in a model sharded with `fully_shard`. Dynamo does not"
+            " trace FSDP2's hooks, so it compiles each module call on its own, the embedding's tensor-parallel hooks"
+            " apart from its `forward`, and the partial output of the embedding cannot cross that graph boundary"
+            " (torch fails with 'Mixing fake modes NYI'). Pass `use_compile={'regions': 'auto'}`, which compiles the"
+            " embedding with its hooks in one graph, or shard the embedding another way."
+        )
+
+
+def _is_fully_sharded(module: nn.Module) -> bool:
+    """Whether ``fully_shard`` (FSDP2) was applied to ``module``."""
+    return any(cls.__name__ == "FSDPModule" for cls in type(module).__mro__)
+
+
+def _vocabulary_parallel(module: nn.Module) -> bool:
+    """Whether ``module`` is an embedding whose table is split by rows (the vocabulary) over the tensor-parallel mesh.
+
+    Under FSDP2 on a 2-D mesh the tensor-parallel placement is the last one (FSDP2 puts its own first).
+    """
+    from torch.distributed.tensor import DTensor, Shard
+
+    weight = getattr(module, "weight", None)
+    return (
+        isinstance(module, nn.Embedding)
+        and isinstance(weight, DTensor)
+        and isinstance(weight.placements[-1], Shard)
+        and weight.placements[-1].dim == 0
+    )
+
+
+class _TensorParallel(_CompileFeature):
+    """Checks a model made tensor-parallel (in ``configure_model``) once the strategy has set it up."""
+
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+        whole = connector.options.keys.get("regions") is None  # the run compiles the model whole, not by regions
+        _check_tensor_parallel(connector.trainer.lightning_module, whole)
+        return {}
+
+
+FEATURE = _TensorParallel
