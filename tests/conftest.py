@@ -84,8 +84,13 @@ def _fresh_dynamo() -> Iterator[None]:
 
 def _process_state() -> dict:
     """The process-wide state that a run of `use_compile` may change, and must put back."""
+    import torch._functorch.config
+
     return {
         "torch._dynamo.config": torch._dynamo.config.get_config_copy(),
+        # `dynamic_sources` (loop counters) and `force_non_lazy_backward_lowering` (compile errors), set for each run
+        "torch.compiler.config": torch.compiler.config.get_config_copy(),
+        "torch._functorch.config": torch._functorch.config.get_config_copy(),
         # inductor sets its own default cache directory on first use: that one is torch's, not a leak
         "os.environ": {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"},
         "logging filters": {name: list(logging.getLogger(name).filters) for name in ("torch._dynamo.convert_frame",)},

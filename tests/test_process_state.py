@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import QUIET, LoggingModel, connector_module, demo_gpt, leftovers
-from lightning.pytorch import Trainer
+from helpers import QUIET, TORCH_2_7, TORCH_2_13, LoggingModel, connector_module, demo_gpt, leftovers
+from lightning.pytorch import Callback, Trainer
 
 pytestmark = pytest.mark.package_only  # the connector's own record of what it changed
 
@@ -63,27 +63,22 @@ class ChangeLog:
             assert os.environ.get(name, _ABSENT) == before, name
         running = connector_module()._RUNNING
         assert running == [], "the run is still registered as the process's compiled run"
-        for connector in self.connectors:
-            assert connector._undo == {"compile": [], "run": []}, connector._undo
 
 
 def test_a_run_with_every_feature_puts_back_all_it_changed(monkeypatch, tmp_path):
     changes = ChangeLog(monkeypatch)
     gpt = demo_gpt()
     model = gpt.GPTModule(gpt.GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, vocab_size=64, batch_size=4))
-    use_compile = {
-        "backend": "aot_eager",
-        "regions": "auto",
-        "cache": str(tmp_path / "cache"),
-        "compiled_autograd": True,
-        "optimize_ddp": "auto",
-    }
+    use_compile = {"backend": "aot_eager", "regions": "auto", "compiled_autograd": True, "optimize_ddp": "auto"}
+    if TORCH_2_7:  # the cache needs `save_cache_artifacts`
+        use_compile["cache"] = str(tmp_path / "cache")
     trainer = Trainer(strategy="ddp", use_compile=use_compile, max_steps=2, limit_val_batches=1, **QUIET)
     trainer.fit(model)
     # what each feature changes for the run went through the connector, and came back
-    expected = {"optimize_ddp", "force_non_lazy_backward_lowering", "_compiled_call_impl", "forward", "log"}
+    expected = {"optimize_ddp", "_compiled_call_impl", "forward", "log"}
+    expected |= {"force_non_lazy_backward_lowering"} if TORCH_2_13 else set()  # torch 2.13+ has it
+    expected |= {"TORCHINDUCTOR_CACHE_DIR"} if TORCH_2_7 else set()  # the cache's inductor directory, for the run
     assert expected <= changes.names(), changes.names()
-    assert "TORCHINDUCTOR_CACHE_DIR" in changes.names() or "TORCHINDUCTOR_CACHE_DIR" in os.environ
     changes.assert_all_undone()
     assert leftovers(model) == []
 
@@ -113,10 +108,12 @@ def test_a_fallback_puts_back_what_it_compiled_at_once_and_the_run_settings_at_t
         raise RuntimeError("backend exploded")
 
     settings_during_steps: list[Any] = []
+    compiled_during_steps: list[bool] = []
 
     class Watching(LoggingModel):
         def training_step(self, batch, batch_idx):
             settings_during_steps.append(torch._dynamo.config.optimize_ddp)
+            compiled_during_steps.append(self.trainer.strategy.model._compiled_call_impl is not None)
             return super().training_step(batch, batch_idx)
 
     model = Watching()
@@ -126,5 +123,27 @@ def test_a_fallback_puts_back_what_it_compiled_at_once_and_the_run_settings_at_t
     assert trainer._compile_connector.last_summary.fell_back
     # the run's own settings held for every step, after the fallback too (one process: no graph split)
     assert settings_during_steps == [False, False, False], settings_during_steps
+    # what was compiled was undone at the fallback, in the first step: the steps after it found nothing compiled
+    assert compiled_during_steps == [False, False, False], compiled_during_steps
     changes.assert_all_undone()
     assert leftovers(model) == []
+
+
+def test_a_run_whose_teardown_never_ran_does_not_block_the_next():
+    # bug: when an `on_exception` callback raised, Lightning skipped the teardown; the run stayed registered as the
+    # process's compiled run, and every later `use_compile` Trainer was refused
+    class FailingHandler(Callback):
+        def on_exception(self, trainer, pl_module, exception):
+            raise RuntimeError("the handler failed too")
+
+    class Failing(LoggingModel):
+        def training_step(self, batch, batch_idx):
+            raise ValueError("a bad batch")
+
+    first = Trainer(use_compile={"backend": "eager"}, max_steps=2, callbacks=[FailingHandler()], **QUIET)
+    with pytest.raises(RuntimeError, match="the handler failed too"):
+        first.fit(Failing())
+    second = Trainer(use_compile={"backend": "eager"}, max_steps=2, **QUIET)
+    second.fit(LoggingModel())
+    assert second._compile_connector.last_summary.compiled_steps["training"] == 2
+    assert connector_module()._RUNNING == []

@@ -32,6 +32,7 @@ import lightning.pytorch as pl
 import lightning_compile_patch.compile_features as compile_features
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning.fabric.wrappers import _unwrap_compiled
+from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
@@ -179,6 +180,9 @@ class _CompileConnector:
         given = self.options.torch_kwargs if self.enabled else self._input_kwargs
         if given is None:
             return
+        if _RUNNING and _RUNNING[0] is not self and _RUNNING[0].trainer.state.status != TrainerStatus.RUNNING:
+            # a run that ended without its teardown (Lightning's `_interrupt` raised before it): end it now
+            _RUNNING[0].teardown()
         if _RUNNING and _RUNNING[0] is not self:
             raise RuntimeError(
                 "`use_compile`: another Trainer's compiled run is in progress in this process. Dynamo's counters and"

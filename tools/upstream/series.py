@@ -633,10 +633,12 @@ Dynamo keeps its compiled entries, its recompile count and its "skip" marks per 
 life of the process. In a hyperparameter sweep (one model class, a new Trainer and another width per
 trial), every trial added entries to the same step methods, and under DDP to `_ForwardRedirection`,
 which every model shares: from the 9th trial on one device, and the 5th under DDP, every step ran
-uncompiled. When a run starts for another Trainer than the last compiled run of the process, the
-code objects that Dynamo converted since the first compiled run are now reset
-(`torch._C._dynamo.eval_frame.reset_code`), so this Trainer compiles them afresh; the runs of one
-Trainer share their compiled code.""",
+uncompiled. When a run starts for another Trainer than the last compiled run of the process, each
+code object that Dynamo first converted during a compiled run and that holds more than half of the
+recompile limit in entries is now reset (`torch._C._dynamo.eval_frame.reset_code`), so this Trainer
+compiles it afresh. A step keeps at most four entries in steady state, so repeated runs of one
+configuration (cross-validation) keep reusing their compiled code, and the runs of one Trainer share
+theirs; code compiled outside the Trainer's runs is left alone.""",
     modules=("compile_features.compile_budget",),
     tests=("tests_pytorch/trainer/connectors/test_compile_compile_budget.py",),
     edits=(

@@ -6,12 +6,13 @@ each trial added entries to the same code objects: the step methods of the model
 forward redirection, which every model shares. From the 9th trial on one device, and the 5th under DDP, every step ran
 eagerly.
 
-So when a run starts for another Trainer than the last compiled run of the process, each code object that Dynamo
-converted since the first compiled run of the process, and that holds half of Dynamo's recompile limit in compiled
-entries or more (or was left "skip" at the limit), is reset: its entries, its count and its mark go, and this Trainer
-compiles it afresh, with at least half the budget. Code with fewer entries keeps them: repeated runs of one
-configuration (cross-validation) reuse their compiled code, as they add no entries. The runs of one Trainer (``fit``,
-then ``validate``, ``test``, ``predict``) share their compiled code: each step compiles once for all of them.
+So when a run starts for another Trainer than the last compiled run of the process, each code object that Dynamo first
+converted during a compiled run, and that holds more than half of Dynamo's recompile limit in compiled entries (or was
+left "skip" at the limit), is reset: its entries, its count and its mark go, and this Trainer compiles it afresh. Code
+with fewer entries keeps them (a step keeps at most one per grad mode and batch shape class: four), so repeated runs of
+one configuration (cross-validation) reuse their compiled code; code compiled outside the Trainer's runs is left
+alone. The runs of one Trainer (``fit``, then ``validate``, ``test``, ``predict``) share their compiled code: each step
+compiles once for all of them.
 
 ``torch.compile(isolate_recompiles=True)`` (torch 2.13+) keeps apart only the frames of one call, not a Trainer's runs,
 and no other torch has it; a reset works on every torch.
@@ -26,8 +27,9 @@ from torch._dynamo.convert_frame import input_codes
 
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
 
-#: The Trainer whose run compiled last in this process, and where the codes converted by compiled runs begin.
-_LAST: dict[str, Any] = {"connector": None, "first": None}
+#: The Trainer whose run compiled last in this process, and the spans of ``input_codes.seen`` that compiled runs added
+#: (adjacent runs share one span, so this stays as short as the runs are interleaved with code compiled outside them).
+_LAST: dict[str, Any] = {"connector": None, "start": None, "spans": []}
 
 
 def _limit() -> int:
@@ -40,17 +42,30 @@ class _CompileBudget(_CompileFeature):
     """Resets what earlier Trainers compiled, when another Trainer's run starts."""
 
     def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+        seen = input_codes.seen
+        spans: list[list[int]] = _LAST["spans"]
+        if spans and spans[-1][1] > len(seen):  # `torch._dynamo.reset()` emptied Dynamo's record: so is ours
+            spans.clear()
         last: Optional[_CompileConnector] = _LAST["connector"]() if _LAST["connector"] is not None else None
-        first = _LAST["first"]
-        if first is None or first > len(input_codes.seen):  # the first compiled run, or after `torch._dynamo.reset()`
-            first = len(input_codes.seen)
-        elif last is not connector:
+        if last is not connector:
             eval_frame = torch._C._dynamo.eval_frame
-            for ref in input_codes.seen[first:]:
-                code = ref()
-                if code is not None and len(eval_frame._debug_get_cache_entry_list(code)) >= _limit() // 2:
-                    eval_frame.reset_code(code)  # its entries, its recompile count, its "skip" mark
-        _LAST.update(connector=weakref.ref(connector), first=first)
+            for start, end in spans:
+                for ref in seen[start:end]:
+                    code = ref()
+                    # more entries than a step keeps in steady state (two grad modes, full and partial batches)
+                    if code is not None and len(eval_frame._debug_get_cache_entry_list(code)) > _limit() // 2:
+                        eval_frame.reset_code(code)  # its entries, its recompile count, its "skip" mark
+        _LAST.update(connector=weakref.ref(connector), start=len(seen))
+
+    def teardown(self, connector: _CompileConnector) -> None:
+        start, end, spans = _LAST["start"], len(input_codes.seen), _LAST["spans"]
+        if start is None or start > end:
+            return
+        if spans and spans[-1][1] == start:
+            spans[-1][1] = end
+        else:
+            spans.append([start, end])
+        _LAST["start"] = None
 
 
 FEATURE = _CompileBudget

@@ -7,7 +7,8 @@ run. ``use_compile={"dynamic": True}`` does not change that, since it applies to
 
 For the run, every int under a loop of the Trainer is marked dynamic (``torch.compiler.config.dynamic_sources``, torch
 2.8+, a process-wide setting put back when the run ends): the step is compiled for a symbolic epoch and step, once. A
-branch on one (``if self.current_epoch == 0``) still compiles each side once.
+branch on one (``if self.current_epoch == 0``) still compiles each side once. With ``use_compile={"dynamic": False}``
+nothing is marked: static code was asked for (CUDA graphs, for one, would record a graph per value otherwise).
 
 """
 
@@ -30,8 +31,8 @@ class _LoopCounters(_CompileFeature):
     """Marks the Trainer's loop counters dynamic for the run."""
 
     def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
-        if not _SUPPORTED:
-            return
+        if not _SUPPORTED or (connector.given or {}).get("dynamic") is False:
+            return  # `dynamic=False` asks for static code: the counters stay specialized, as torch does
         config = torch.compiler.config
         given = config.dynamic_sources
         value = f"{given},{LOOP_SOURCES}" if given else LOOP_SOURCES  # the user's own sources stay

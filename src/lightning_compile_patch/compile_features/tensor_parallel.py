@@ -1,8 +1,7 @@
 """Tensor parallelism under ``use_compile``: warn on a torch it was not tested on, refuse what is known to fail.
 
-It checks every compiled run, with ``regions`` or without. The import goes one way so that each module stays
-importable alone: this one takes ``_has_tensor_parallel_hooks`` from ``regions`` (which compiles such a module with its
-hooks, and whose patch comes first), and ``regions`` imports nothing from here.
+It checks every compiled run, with ``regions`` or without, and imports no other feature: its patch applies on the core
+alone (its test trains with ``regions`` too, so runs with the regions patch).
 
 """
 
@@ -14,7 +13,6 @@ from torch import nn
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
-from lightning_compile_patch.compile_features.regions import _has_tensor_parallel_hooks
 
 #: The torch versions (major.minor) that tensor parallelism under ``use_compile`` was tested on, on CPU with gloo
 #: (``tests/test_tensor_parallel.py``); on others it warns. Add one when that test passed on it.
@@ -36,7 +34,8 @@ def _check_tensor_parallel(module: nn.Module, whole: bool) -> None:
     NYI", torch 2.13). Regions compile such a module with its hooks, in one graph: that is what to use instead.
 
     """
-    parallel = [name for name, sub in module.named_modules() if _has_tensor_parallel_hooks(sub)]
+    # `parallelize_module` (`distribute_module`) marks each module it put its hooks on
+    parallel = [name for name, sub in module.named_modules() if getattr(sub, "_distribute_module_applied", False)]
     if not parallel:
         return
     if _torch_minor() not in _TENSOR_PARALLEL_TESTED_ON:
