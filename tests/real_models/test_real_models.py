@@ -30,6 +30,8 @@ from real_model_kit import (
 from real_model_zoo import FAMILIES, HFModule, causal_lm_sample, llama
 from torch._dynamo.utils import counters, get_compilation_metrics
 
+from helpers import lightning_side
+
 pytestmark = [pytest.mark.real_models, pytest.mark.timeout(600)]
 
 STEPS = 3
@@ -120,15 +122,18 @@ def test_deep_llama_compiles_every_block_with_regions(call_kwargs, limit_hits):
     probe = StepProbe(backend)
     trainer = fit(make_module, "auto", STEPS, {"backend": backend, "regions": "auto"}, probe)
 
-    block = type(trainer.lightning_module.model.model.layers[0]).forward.__code__
-    block_compiles = sum(
-        1
-        for m in get_compilation_metrics()
-        if (m.co_name, m.co_filename, m.co_firstlineno) == (block.co_name, block.co_filename, block.co_firstlineno)
-    )
+    # each block that differs in `layer_idx` is compiled from a code object of its own, a copy of regions' trampoline,
+    # as is each module around the blocks: one compile each, training only, one batch shape, no recompiles
+    regions = lightning_side("regions")
+    module = trainer.lightning_module
+    blocks = regions._find_regions(module, "auto")
+    around = regions._rest_of_model(module, blocks)
+    trampoline = regions._region_call(lambda: None, own_code=False).__code__
+    where = (trampoline.co_name, trampoline.co_filename, trampoline.co_firstlineno)
+    region_compiles = sum(1 for m in get_compilation_metrics() if (m.co_name, m.co_filename, m.co_firstlineno) == where)
     problems = {}
-    if block_compiles != layers:  # training only, one batch shape: one compile per block, no recompiles
-        problems["compiles of the block's forward"] = block_compiles
+    if len(blocks) != layers or region_compiles != layers + len(around):
+        problems["compiles of the regions (blocks, modules around them)"] = (region_compiles, layers, len(around))
     for step, uncompiled in enumerate(probe.uncompiled_params):
         if uncompiled:
             problems[f"step {step}: parameters that reached no compiled graph"] = describe(uncompiled)
