@@ -276,17 +276,23 @@ def test_use_compile_compiles_before_the_hooks_that_run_steps(tmp_path, compiled
     """The tuner's trials run in `on_fit_start`: they run compiled, as the training after them does."""
     from lightning.pytorch.callbacks import LearningRateFinder
 
+    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0, "limit_train_batches": 8, "max_steps": 2}
+
+    def fit(use_compile, model, given):
+        finder = LearningRateFinder(num_training_steps=4, early_stop_threshold=None)
+        Trainer(default_root_dir=tmp_path, use_compile=use_compile, callbacks=[finder], **kwargs).fit(given)
+        assert finder.optimal_lr is not None
+
+    eager = LRFinderTrialCalls(CountingBackend())
+    fit(False, eager, eager)
+    assert len(eager.calls) == 4 + 2  # the finder's trials, then the training
+
     backend = CountingBackend()
     model = LRFinderTrialCalls(backend)
     given = torch.compile(model, backend=backend) if compiled_input else model
-    use_compile = None if compiled_input else {"backend": backend}
-    finder = LearningRateFinder(num_training_steps=4, early_stop_threshold=None)
-    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
-    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, callbacks=[finder], **kwargs)
-    trainer.fit(given)
-    assert finder.optimal_lr is not None
-    assert len(model.calls) == 4 + 2  # the finder's trials, then the training
-    assert all(model.calls), model.calls
+    fit(None if compiled_input else {"backend": backend}, model, given)
+    assert len(model.calls) == len(eager.calls)
+    assert all(model.calls), model.calls  # every batch ran compiled graphs, the finder's too
 
 
 @RunIf(dynamo=True)

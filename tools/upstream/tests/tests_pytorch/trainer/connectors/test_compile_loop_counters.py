@@ -36,6 +36,9 @@ class CountingBackend:
 
         return run
 
+    def __deepcopy__(self, memo):
+        return self  # Lightning keeps a deep copy of the arguments of `torch.compile`
+
 
 class CurriculumModel(BoringModel):
     def training_step(self, batch, batch_idx):
