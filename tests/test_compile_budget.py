@@ -13,7 +13,7 @@ from helpers import QUIET, last_summary
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-TRIALS = 12
+TRIALS = 10
 
 
 class Sized(BoringModel):
