@@ -159,5 +159,5 @@ def test_print_config_round_trip(tmp_path, capsys, counting):
     assert counting.calls >= 2
     assert feature(again.trainer, "optimize_ddp").choice is False
     # and `fullgraph=True`: a step with a graph break fails to compile, where it would otherwise run in two graphs
-    with pytest.raises(RuntimeError, match=r"graph_break\(\)"):
+    with pytest.raises(RuntimeError, match=r"could not compile.*graph_break"):
         cli("fit", "--config", str(config), *FIT_ARGS, run=True, model=GraphBreak)

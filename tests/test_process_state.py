@@ -69,9 +69,9 @@ def test_a_run_with_every_feature_puts_back_all_it_changed(monkeypatch, tmp_path
     changes = ChangeLog(monkeypatch)
     gpt = demo_gpt()
     model = gpt.GPTModule(gpt.GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, vocab_size=64, batch_size=4))
-    use_compile = {"backend": "aot_eager", "regions": "auto", "compiled_autograd": True, "optimize_ddp": "auto"}
-    if TORCH_2_7:  # the cache needs `save_cache_artifacts`
-        use_compile["cache"] = str(tmp_path / "cache")
+    use_compile = {"backend": "aot_eager", "regions": "auto", "optimize_ddp": "auto"}
+    if TORCH_2_7:  # the cache needs `save_cache_artifacts`; compiled autograd with regions fails in torch 2.6 itself
+        use_compile |= {"cache": str(tmp_path / "cache"), "compiled_autograd": True}
     trainer = Trainer(strategy="ddp", use_compile=use_compile, max_steps=2, limit_val_batches=1, **QUIET)
     trainer.fit(model)
     # what each feature changes for the run went through the connector, and came back
