@@ -35,6 +35,19 @@ elif TARGET == "upstream":
         raise pytest.UsageError("LCP_TARGET=upstream needs a Lightning with the patches/ series applied")
     if "lightning_compile_patch" in sys.modules:
         raise pytest.UsageError("LCP_TARGET=upstream must not import lightning_compile_patch")
+    # the fork configured as the package configures it: the package's features on for every `use_compile`, read from
+    # the package's own file without importing the package (which would patch)
+    import importlib.util
+
+    from lightning.pytorch.trainer.connectors.compile_connector import _CompileConnector
+
+    _defaults = TESTS_DIR.parent / "src" / "lightning_compile_patch" / "_monkeypatch" / "feature_defaults.py"
+    _spec = importlib.util.spec_from_file_location("_lcp_feature_defaults", _defaults)
+    assert _spec is not None
+    assert _spec.loader is not None
+    _module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_module)
+    _CompileConnector.defaults = _module.FEATURE_DEFAULTS
 else:
     raise pytest.UsageError(f"LCP_TARGET must be 'package' or 'upstream', got {TARGET!r}")
 

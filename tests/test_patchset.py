@@ -46,41 +46,67 @@ def test_every_patch_is_a_git_am_mbox(base_name):
 
 
 def test_new_files_are_the_package_modules_with_lightning_imports():
-    rendered = patchset.render_module("compile_connector")
+    rendered = patchset.render_module("compile_connector", {"use_compile", "features"})
     assert rendered.startswith("# Copyright The Lightning AI team.")
     assert "lightning_compile_patch" not in rendered
     assert "import lightning.pytorch.trainer.connectors.compile_features as compile_features" in rendered
-    feature = patchset.render_module("compile_features.regions")
+    feature = patchset.render_module("compile_features.regions", {"use_compile", "features"})
     assert "from lightning.pytorch.trainer.connectors.compile_connector import" in feature
     ast.parse(rendered)
     ast.parse(feature)
 
 
-def test_the_core_adds_at_most_400_lines_under_src():
-    # 250 until the core took over what features shared: the run's compile arguments as values, and one owner of the
-    # process-wide state a run changes, with its scopes and the one-run-per-process guard (docs/design.md)
-    number = len(series.CORE_STACK)
+def _src_lines_added(patch_file: Path) -> int:
+    return sum(
+        1
+        for path, section in patchset.split_sections(patch_file.read_text())[1].items()
+        if path.startswith("src/") and not path.endswith("CHANGELOG.md")
+        for line in section.splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    )
+
+
+@pytest.mark.parametrize(("subject", "most"), [("REAPPLY", 150), ("USE_COMPILE", 130)])
+def test_the_rungs_a_maintainer_would_merge_stay_small(subject, most):
+    # Fabric's re-apply (#19280) was 94 src lines; the re-apply adds its connector (111 lines with docstrings, 13 of
+    # license) and the Trainer's calls
     for base_name in series.BASES:
-        core = next(iter(sorted(patchset.series_dir(base_name).glob(f"{number:04d}-*.patch")))).read_text()
-        added = [
-            line
-            for path, section in patchset.split_sections(core)[1].items()
-            if path.startswith("src/") and not path.endswith("CHANGELOG.md")
-            for line in section.splitlines()
-            if line.startswith("+") and not line.startswith("+++")
-        ]
-        assert len(added) <= 400, base_name
+        number = [patch.subject for patch in series.series(base_name)].index(getattr(series, subject).subject) + 1
+        [patch_file] = patchset.series_dir(base_name).glob(f"{number:04d}-*.patch")
+        assert _src_lines_added(patch_file) <= most, base_name
 
 
-def test_the_core_stack_is_two_fixes_then_the_core():
-    fixes, core = series.CORE_STACK[:-1], series.CORE_STACK[-1]
-    assert core is series.CORE
-    assert core.modules == ("compile_features", "compile_connector")
-    for fix in fixes:  # a fix of Lightning's own helpers, with its test, that can merge alone
+def test_the_core_stack_is_three_fixes_then_the_reapply_then_use_compile_then_the_seam():
+    *fixes, reapply, use_compile, seam = series.CORE_STACK
+    assert (reapply, use_compile, seam) == (series.REAPPLY, series.USE_COMPILE, series.FEATURE_SEAM)
+    assert reapply.modules == use_compile.modules == ("compile_connector",)
+    assert (reapply.layers, use_compile.layers, seam.layers) == ((), ("use_compile",), ("features",))
+    assert seam.modules == ("compile_features", "compile_connector")
+    assert len(fixes) == 3
+    for fix in fixes:  # a fix of Lightning's own code, with its tests, that can merge alone
         assert fix.modules == ()
         assert fix.subject.startswith("Fix ")
-        assert len(fix.tests) == 1
         assert {type(edit).__name__ for edit in fix.edits} >= {"ReplaceDef"}
+
+
+def test_the_reapply_rung_adds_no_argument_and_no_seam():
+    connector = patchset.render_module("compile_connector", set())
+    assert "use_compile" not in connector
+    assert "_CompileFeature" not in connector
+    assert "compile_features" not in connector
+    trainer_lines = "\n".join(edit.new for edit in series.REAPPLY.edits if edit.path == series.TRAINER)
+    assert "use_compile" not in trainer_lines
+    ast.parse(connector)
+
+
+def test_every_layer_of_the_connector_is_lint_clean(tmp_path):
+    pytest.importorskip("ruff")
+    for name, layers in {"reapply": set(), "use_compile": {"use_compile"}, "all": {"use_compile", "features"}}.items():
+        (tmp_path / f"{name}.py").write_text(patchset.render_module("compile_connector", layers))
+    command = [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F,E9,I", "--line-length", "120"]
+    command += ["--config", 'lint.isort.known-first-party = ["lightning"]']  # as Lightning's pyproject.toml has it
+    result = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
 
 
 def test_each_later_patch_adds_one_feature_module_and_edits_no_core_code():
@@ -97,8 +123,8 @@ def test_each_later_patch_adds_one_feature_module_and_edits_no_core_code():
 def test_drift_is_detected(monkeypatch):
     original = patchset.render_module
 
-    def changed(module):
-        text = original(module)
+    def changed(module, layers):
+        text = original(module, layers)
         return text.replace("`use_compile` wins", "`use_compile` wins!") if module == "compile_connector" else text
 
     monkeypatch.setattr(patchset, "render_module", changed)
@@ -113,7 +139,7 @@ def test_drift_in_a_lightning_fix_is_detected(monkeypatch):
     if lightning.__version__ != "2.6.6":
         pytest.skip(f"the installed Lightning is {lightning.__version__}, not the 2.6.6 base")
     original = patchset.fixed_source
-    monkeypatch.setattr(patchset, "fixed_source", lambda edit: original(edit) + "    # drift\n")
+    monkeypatch.setattr(patchset, "fixed_source", lambda edit, layers: original(edit, layers) + "    # drift\n")
     problems = patchset.check(patchset.InstalledLightning(), "2.6.6")
     assert any("utilities/compile.py differs" in p for p in problems)
     assert any("strategies/strategy.py differs" in p for p in problems)
@@ -135,7 +161,11 @@ def _connector_calls(source: str) -> set[str]:
 
 def test_trainer_edits_call_the_connector_where_the_monkeypatch_does():
     added = "\n".join(
-        line.strip() for edit in series.CORE.edits if edit.path == series.TRAINER for line in edit.new.splitlines()
+        line.strip()
+        for patch in (series.REAPPLY, series.USE_COMPILE)
+        for edit in patch.edits
+        if edit.path == series.TRAINER
+        for line in edit.new.splitlines()
     )
     # the calls themselves, parsed: a substring such as "compile" would match `_compile_connector` anywhere
     upstream_calls = set(re.findall(r"self\._compile_connector\.(\w+)\(", added))
@@ -198,7 +228,7 @@ def test_every_rung_on_the_core_alone_leaves_importable_code(base_name, tmp_path
         folder = tmp_path / patch.modules[0]
         folder.mkdir()
         for module in ("compile_connector", patch.modules[0]):
-            (folder / f"{module}.py").write_text(patchset.render_module(module))
+            (folder / f"{module}.py").write_text(patchset.render_module(module, {"use_compile", "features"}))
         result = subprocess.run(
             [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F,E9", str(folder)],
             capture_output=True,

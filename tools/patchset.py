@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from upstream import package_module  # noqa: E402
+from upstream.layers import render  # noqa: E402
 from upstream.series import BASES, CORE_STACK, InsertAfter, Patch, Replace, ReplaceDef, series  # noqa: E402
 
 upstream_modules = package_module("upstream_modules")
@@ -73,9 +74,9 @@ def upstream_path(module: str) -> str:
     return f"{path}/__init__.py" if upstream_modules.module_path(module).name == "__init__.py" else f"{path}.py"
 
 
-def render_module(module: str) -> str:
-    """A package module as Lightning code."""
-    source = upstream_modules.module_path(module).read_text()
+def render_module(module: str, layers: set[str]) -> str:
+    """A package module as Lightning code, with the lines of ``layers`` (``tools/upstream/layers.py``)."""
+    source = render(upstream_modules.module_path(module).read_text(), layers)
     if not source:
         return source  # an empty package `__init__.py`, as Lightning's are
     renames = {f"lightning_compile_patch.{name}": target for name, target in UPSTREAM_MODULES.items()}
@@ -116,19 +117,19 @@ def _def_span(tree: ast.Module, name: str, cls: str | None) -> tuple[int, int]:
     return first, node.end_lineno
 
 
-def fixed_source(edit: ReplaceDef) -> str:
-    """The fixed version of a Lightning function, from the package's ``lightning_fixes``."""
+def fixed_source(edit: ReplaceDef, layers: set[str]) -> str:
+    """The fixed version of a Lightning function, from the package's ``lightning_fixes``, with ``layers``."""
     source = (PACKAGE_DIR / "lightning_fixes.py").read_text()
     first, last = _def_span(ast.parse(source), edit.name, edit.cls)
-    return "".join(source.splitlines(keepends=True)[first - 1 : last])
+    return render("".join(source.splitlines(keepends=True)[first - 1 : last]), layers)
 
 
-def apply_edit(content: str, edit: Replace | InsertAfter | ReplaceDef) -> str:
+def apply_edit(content: str, edit: Replace | InsertAfter | ReplaceDef, layers: set[str]) -> str:
     """``content`` with ``edit`` applied; raises if the edit's anchor is not where it should be."""
     if isinstance(edit, ReplaceDef):
         first, last = _def_span(ast.parse(content), edit.name, edit.cls)
         lines = content.splitlines(keepends=True)
-        return "".join([*lines[: first - 1], fixed_source(edit), *lines[last:]])
+        return "".join([*lines[: first - 1], fixed_source(edit, layers), *lines[last:]])
     if isinstance(edit, InsertAfter):
         lines = content.splitlines(keepends=True)
         # in a CHANGELOG, only the unreleased section: older releases repeat some lines
@@ -144,10 +145,10 @@ def apply_edit(content: str, edit: Replace | InsertAfter | ReplaceDef) -> str:
     return content.replace(edit.old, edit.new)
 
 
-def edit_line_changes(edit: Replace | InsertAfter | ReplaceDef) -> tuple[list[str] | None, list[str]]:
+def edit_line_changes(edit: Replace | InsertAfter | ReplaceDef, layers: set[str]) -> tuple[list[str] | None, list[str]]:
     """The lines an edit removes (``None``: unknown without the base) and adds. Edits replace whole lines."""
     if isinstance(edit, ReplaceDef):
-        return None, fixed_source(edit).splitlines()
+        return None, fixed_source(edit, layers).splitlines()
     if isinstance(edit, InsertAfter):
         return [], edit.text.splitlines()
     removed, added = [], []
@@ -209,6 +210,19 @@ class InstalledLightning(Base):
 _UNKNOWN_BASE = "<the base lacks this file>"
 
 
+def patch_layers(base_name: str) -> Iterator[tuple[Patch, set[str]]]:
+    """Each patch of the ladder, with the layers of the package modules it is made with (its own and its base's)."""
+    layers: set[str] = set()
+    core_layers: set[str] = set()
+    for index, patch in enumerate(series(base_name)):
+        if index >= len(CORE_STACK) and base_name == "master":
+            layers = set(core_layers)
+        layers |= set(patch.layers)
+        if index == len(CORE_STACK) - 1:
+            core_layers = set(layers)
+        yield patch, set(layers)
+
+
 def patch_sections(base: Base, base_name: str) -> Iterator[tuple[Patch, dict[str, str]]]:
     """For each patch of the ladder, its file sections by path.
 
@@ -218,14 +232,14 @@ def patch_sections(base: Base, base_name: str) -> Iterator[tuple[Patch, dict[str
     state: dict[str, str] = {}
     core_state: dict[str, str] = {}
     core_size = len(CORE_STACK)
-    for index, patch in enumerate(series(base_name)):
+    for index, (patch, layers) in enumerate(patch_layers(base_name)):
         if index >= core_size and base_name == "master":
             state = dict(core_state)
         sections: dict[str, str] = {}
         for module in patch.modules:
             path = upstream_path(module)
-            state[path] = render_module(module)
-            sections[path] = file_diff(path, None, state[path])
+            before, state[path] = state.get(path), render_module(module, layers)
+            sections[path] = file_diff(path, before, state[path])
         for test in patch.tests:
             path = f"tests/{test}"
             sections[path] = file_diff(path, None, (UPSTREAM_TESTS / test).read_text())
@@ -237,7 +251,7 @@ def patch_sections(base: Base, base_name: str) -> Iterator[tuple[Patch, dict[str
             after = before
             for edit in patch.edits:
                 if edit.path == path:
-                    after = apply_edit(after, edit)
+                    after = apply_edit(after, edit, layers)
             sections[path] = file_diff(path, before, after)
             state[path] = after
         if index == core_size - 1:
@@ -297,6 +311,7 @@ def check(base: Base, base_name: str) -> list[str]:
     expected_names = [patch_filename(n, p) for n, p in enumerate(ladder, start=1)]
     if list(committed) != expected_names:
         return [f"{folder.name} holds {list(committed)}, the ladder is {expected_names}"]
+    layers = [patch_layers for _, patch_layers in patch_layers(base_name)]
     for number, (patch, sections) in enumerate(patch_sections(base, base_name), start=1):
         name = f"{folder.name}/{patch_filename(number, patch)}"
         head, committed_sections = split_sections(committed[patch_filename(number, patch)])
@@ -307,20 +322,20 @@ def check(base: Base, base_name: str) -> list[str]:
             problems.append(f"{name}: the subject or message differs from tools/upstream/series.py")
         for path, section in sections.items():
             if section is _UNKNOWN_BASE:
-                problems += _check_edited_lines(name, path, committed_sections[path], patch)
+                problems += _check_edited_lines(name, path, committed_sections[path], patch, layers[number - 1])
             elif committed_sections[path] != section:
                 problems.append(f"{name}: {path} differs from the regenerated file")
     return problems
 
 
-def _check_edited_lines(name: str, path: str, section: str, patch: Patch) -> list[str]:
+def _check_edited_lines(name: str, path: str, section: str, patch: Patch, layers: set[str]) -> list[str]:
     """Without the base file: the section must add exactly the lines the edits add, and remove the known ones."""
     removed: list[str] = []
     added: list[str] = []
     whole_defs = False
     for edit in patch.edits:
         if edit.path == path:
-            r, a = edit_line_changes(edit)
+            r, a = edit_line_changes(edit, layers)
             whole_defs |= r is None
             removed += r or []
             added += a

@@ -1,43 +1,48 @@
-"""``Trainer(use_compile=...)``: compile what the strategy runs, after the strategy has wrapped the model.
+"""Compiles a ``torch.compile``-d model again after the strategy has wrapped it, in every stage.
 
-The Trainer calls the connector when it is built, in ``fit``/``validate``/``test``/``predict`` (``unwrap``), at the
-start of ``_run``, right after ``strategy.setup`` (``compile``, in place) and in ``_teardown``. Each module of
-``compile_features`` names a :class:`_CompileFeature` as ``FEATURE``, imported only when a Trainer compiles.
-
-The compile arguments flow one way, as values: ``use_compile`` is parsed once into frozen :class:`_CompileOptions`;
-each run takes its arguments from them (or from the compiled model passed in), and each feature may derive new ones
-only through :meth:`_CompileFeature.compile_kwargs`, which returns a value. Everything a run changes outside itself (an
-attribute, a torch setting, an environment variable) goes through :meth:`_CompileConnector.replace` or
-:meth:`~_CompileConnector.setenv`, which record it in one of two scopes: ``"compile"`` (what is compiled, undone by
-:meth:`~_CompileConnector.uncompile`) and ``"run"`` (the run's settings, undone in ``teardown``).
+The Trainer hands the model passed to ``fit``/``validate``/``test``/``predict`` to :meth:`_CompileConnector.unwrap`,
+which takes a compiled LightningModule out of its ``torch.compile`` wrapper and keeps the arguments it was compiled
+with. Right after ``strategy.setup``, before any hook that runs a step (the tuner's trials run in ``on_fit_start``),
+:meth:`~_CompileConnector.compile` compiles, in place and with those arguments, what the strategy calls: the wrapper
+itself (DDP, FSDP) when there is one, so that the wrapper's own forward runs compiled and its type and state-dict keys
+stay; the LightningModule's steps otherwise (``from_compiled``). :meth:`~_CompileConnector.teardown` undoes it. Fabric
+does the same with ``_reapply_compile``.
 
 """
+# [ladder package]
+# The upstream ladder (`tools/upstream/series.py`) takes this module in layers, by the tags of its lines (see
+# `tools/upstream/layers.py`): `use_compile` comes with the `Trainer(use_compile=...)` patch, `features` with the fork's
+# feature seam, and untagged lines with the re-apply patch. The package runs the file as it is, every layer in.
+# [/ladder]
 
-import contextlib
-import difflib
-import functools
-import importlib
-import inspect
-import os
-import pkgutil
+import contextlib  # noqa: I001 (the layers of `typing` imports: `tools/upstream/layers.py` merges them)
+import difflib  # [ladder use_compile]
+import functools  # [ladder features]
+import importlib  # [ladder features]
+import inspect  # [ladder use_compile]
+import os  # [ladder features]
+import pkgutil  # [ladder features]
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Optional, Union
+from dataclasses import dataclass, field  # [ladder features]
+from typing import Any, Callable, Optional
+from typing import ClassVar, Literal  # [ladder features]
+from typing import Union  # [ladder use_compile]
 
 import torch
 from torch._dynamo import OptimizedModule
 
 import lightning.pytorch as pl
-import lightning_compile_patch.compile_features as compile_features
+import lightning_compile_patch.compile_features as compile_features  # [ladder features]
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning.fabric.wrappers import _unwrap_compiled
-from lightning.pytorch.trainer.states import TrainerStatus
+from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
 from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-_USE_COMPILE = Optional[Union[bool, dict[str, Any]]]
-_Scope = Literal["compile", "run"]
+_USE_COMPILE = Optional[Union[bool, dict[str, Any]]]  # [ladder use_compile]
+_Scope = Literal["compile", "run"]  # [ladder features]
+# [ladder features]
 
 
 class _Frozen(dict):
@@ -63,8 +68,9 @@ class _CompileOptions:
 class _CompileFeature:
     """A feature beyond the core: built with the parsed options (raising on a bad value), it owns ``keys`` of them.
 
-    Hooks run in the order of :func:`_feature_classes`, ``teardown`` in reverse, on every path. ``order`` only says how
-    ``wrap`` nests, lowest innermost:
+    A feature is built only for a Trainer whose ``use_compile`` sets one of its keys (or :attr:`defaults` does), so a
+    feature left unset changes nothing. Hooks run in the order of :func:`_feature_classes`, ``teardown`` in reverse, on
+    every path. ``order`` only says how ``wrap`` nests, lowest innermost:
 
     ====  ================  =====================================================================
     10    log_deferral      replays ``self.log`` right after the compiled call, inside the others
@@ -83,6 +89,11 @@ class _CompileFeature:
     summary_note: Optional[str] = None
     #: Whether the run went on uncompiled after a compile error.
     fell_back: bool = False
+
+    @classmethod
+    def wanted(cls, keys: Mapping[str, Any]) -> bool:
+        """Whether a Trainer whose ``use_compile`` (with :attr:`_CompileConnector.defaults`) has ``keys`` builds it."""
+        return any(keys.get(key) is not None and keys[key] is not False for key in cls.keys)
 
     def __init__(self, options: _CompileOptions) -> None:
         """Reads and checks the feature's own keys of ``options``."""
@@ -115,71 +126,108 @@ class _CompileFeature:
         """Ends what the feature tracks of the run; what it changed through the connector is undone by it."""
 
 
+def _flag(options: _CompileOptions, key: str) -> bool:
+    """The value of a feature's key that turns it on or off; raises if it is not a bool."""
+    value = options.keys.get(key, False)
+    if not isinstance(value, bool):
+        raise TypeError(f"`Trainer(use_compile={{{key!r}: {value!r}}})` must be `True` or `False`.")
+    return value
+
+
 #: The connector of the compiled run in progress in this process, if any: Dynamo's counters, caches and settings are
 #: process-wide, so two compiled runs at once would count each other's graphs and restore each other's settings.
 _RUNNING: list["_CompileConnector"] = []
+# [/ladder]
 
 
 class _CompileConnector:
-    """Compiles after the wrap: with ``None`` a compiled model passed in, with ``True`` or a dict every model."""
+    """Compiles what the strategy calls after the strategy has wrapped the model, and undoes it after the run."""
 
-    def __init__(self, trainer: "pl.Trainer", use_compile: _USE_COMPILE) -> None:
+    # [ladder features]
+    #: The features' keys that every ``use_compile`` of this process sets unless it sets them itself: none in Lightning;
+    #: a distribution may turn features on by default.
+    defaults: ClassVar[Mapping[str, Any]] = _Frozen()
+    # [/ladder]
+
+    # [ladder !use_compile] def __init__(self, trainer: "pl.Trainer") -> None:
+    def __init__(self, trainer: "pl.Trainer", use_compile: _USE_COMPILE = None) -> None:  # [ladder use_compile]
         self.trainer = trainer
+        # [ladder use_compile]
         self.use_compile = use_compile  # as given, for messages
         self.enabled = use_compile is not None and use_compile is not False  # compile every model after the wrap
-        if self.enabled and not _TORCH_GREATER_EQUAL_2_6:  # the oldest it is tested with; its features need 2.6
+        if self.enabled and not _TORCH_GREATER_EQUAL_2_6:  # the oldest it is tested with
             raise RuntimeError(
                 f"`Trainer(use_compile=...)` needs torch 2.6 or newer, but torch {torch.__version__} is installed."
                 " Upgrade torch, or remove `use_compile`."
             )
+        # [/ladder]
+        # [ladder features]
         self.options = _CompileOptions()
         self.features: list[_CompileFeature] = []
         if self.enabled:
-            self.options = _parse_use_compile(
-                use_compile, {k: d for f in _feature_classes() for k, d in f.keys.items()}
-            )
-            self.features = [feature(self.options) for feature in _feature_classes()]
-        #: The arguments of a compiled model passed in, when ``use_compile`` is unset.
+            classes = _feature_classes()
+            self.options = _parse_use_compile(use_compile, {k: d for f in classes for k, d in f.keys.items()})
+            keys = {**self.defaults, **self.options.keys}
+            self.options = _CompileOptions(self.options.torch_kwargs, _Frozen(keys))
+            self.features = [feature(self.options) for feature in classes if feature.wanted(keys)]
+        # [/ladder]
+        # [ladder !features use_compile] self.compile_kwargs = _parse_use_compile(use_compile)
+        #: The arguments of a compiled model passed in.
         self._input_kwargs: Optional[Mapping[str, Any]] = None
-        #: The run's ``torch.compile`` arguments as given, and as every compile of the run uses them (``None``: the run
-        #: compiles nothing).
-        self.given: Optional[Mapping[str, Any]] = None
+        #: The arguments every compile of the run in progress uses (``None``: the run compiles nothing).
         self.run_kwargs: Optional[Mapping[str, Any]] = None
+        # [ladder features]
+        #: The run's ``torch.compile`` arguments as given, before the features derived ``run_kwargs`` from them.
+        self.given: Optional[Mapping[str, Any]] = None
         #: What the last run that compiled did (set by the run summary, if installed).
         self.last_summary: Optional[Any] = None
         self._active: list[_CompileFeature] = []
         self._undo: dict[_Scope, list[Callable[[], Any]]] = {"compile": [], "run": []}
+        # [/ladder]
+        # [ladder !features] self._undo: list[Callable[[], Any]] = []
 
+    # [ladder use_compile]
     def verify_strategy(self) -> None:
         """Rejects a strategy that cannot run compiled, while the Trainer is being constructed."""
         if self.enabled:
             _verify_strategy_supports_compile(None, self.trainer.strategy)
-        for feature in self.features:
-            feature.verify(self)
+        for feature in self.features:  # [ladder features]
+            feature.verify(self)  # [ladder features]
 
+    # [/ladder]
     def unwrap(self, model: Any) -> Any:
         """Takes a model out of its ``torch.compile`` wrapper, to compile it after the strategy wraps it instead."""
         if model is None:
             return model  # the stage reuses the Trainer's model, and with it the compiled input's arguments
         self._input_kwargs = None
-        if not isinstance(model, OptimizedModule) or self.use_compile is False or not _TORCH_GREATER_EQUAL_2_6:
+        if not isinstance(model, OptimizedModule) or not _TORCH_GREATER_EQUAL_2_6:
             return model
+        # [ladder use_compile]
+        if self.use_compile is False:  # the previous behavior: Lightning compiles the steps before the wrap
+            return model
+        # [/ladder]
         _verify_strategy_supports_compile(None, self.trainer.strategy)  # where Lightning checks a compiled model
-        if not self.enabled and getattr(model, "_compile_kwargs", None) is None:
+        # [ladder !use_compile] if getattr(model, "_compile_kwargs", None) is None:
+        if not self.enabled and getattr(model, "_compile_kwargs", None) is None:  # [ladder use_compile]
             rank_zero_warn("The model was compiled before `lightning` was imported: it is not compiled after the wrap.")
             return model
         module, compile_kwargs = _unwrap_compiled(model)
+        # [ladder use_compile]
         if self.enabled:
             rank_zero_warn("The model passed in is compiled and `Trainer(use_compile)` is set too: `use_compile` wins.")
-        else:
-            self._input_kwargs = _Frozen(dict(compile_kwargs or {}))
+            return module
+        # [/ladder]
+        self._input_kwargs = dict(compile_kwargs or {})
         return module
 
     def on_run_start(self, model: "pl.LightningModule") -> None:
         """Decides what this run compiles, before the strategy sets the model up."""
-        given = self.options.torch_kwargs if self.enabled else self._input_kwargs
+        # [ladder !use_compile] given = self._input_kwargs
+        # [ladder !features use_compile] given = self.compile_kwargs if self.enabled else self._input_kwargs
+        given = self.options.torch_kwargs if self.enabled else self._input_kwargs  # [ladder features]
         if given is None:
             return
+        # [ladder features]
         if _RUNNING and _RUNNING[0] is not self and _RUNNING[0].trainer.state.status != TrainerStatus.RUNNING:
             # a run that ended without its teardown (Lightning's `_interrupt` raised before it): end it now
             _RUNNING[0].teardown()
@@ -190,15 +238,16 @@ class _CompileConnector:
                 " this one in another process."
             )
         _RUNNING[:] = [self]
-        if not self.enabled and not self.features:
-            self.features = [feature(self.options) for feature in _feature_classes()]  # with their defaults
         self.given = given
+        # [/ladder]
         # fit validates under `torch.no_grad`; under `torch.inference_mode` (whose tensors have other dispatch keys),
         # `validate` would compile the validation step a second time
         if self.trainer.validate_loop.inference_mode:
-            self.replace(self.trainer.validate_loop, "inference_mode", False, scope="run")
+            # [ladder !features] self.replace(self.trainer.validate_loop, "inference_mode", False)
+            self.replace(self.trainer.validate_loop, "inference_mode", False, scope="run")  # [ladder features]
         if model._compiler_ctx is not None:
             to_uncompiled(model)  # compiled by hand with `from_compiled`: compile once, after the wrap
+        # [ladder features]
         self._active = list(self.features)
         for feature in self._active:
             feature.on_run_start(self, model)
@@ -206,30 +255,35 @@ class _CompileConnector:
         for feature in self._active:
             kwargs = feature.compile_kwargs(self, kwargs)
         self.run_kwargs = _Frozen(dict(kwargs))
+        # [/ladder]
+        # [ladder !features] self.run_kwargs = given
 
     def compile(self) -> None:
         """Compiles, in place, what the strategy calls in this stage, after the strategy has wrapped the model."""
         if self.run_kwargs is None:
             return
+        # [ladder features]
         step_only: dict[str, Any] = {}
         for feature in self._active:
             step_only.update(feature.setup(self))
         kwargs = {**self.run_kwargs, **step_only}
+        # [/ladder]
+        # [ladder !features] kwargs = self.run_kwargs
         module, wrapper = self.trainer.lightning_module, self.trainer.strategy.model
         assert wrapper is not None
         if wrapper is not module:
             # DDP, FSDP: the strategy calls every step through the wrapper's forward, so one compiled call covers the
-            # wrapper's own forward, the step and the loss
-            compiled = torch.compile(
-                wrapper._call_impl, **kwargs
-            )  # what `nn.Module.compile` does, undone after the run
-            self.replace(wrapper, "_compiled_call_impl", self._wrap(compiled, wrapper._call_impl, module_call=True))
+            # wrapper's own forward, the step and the loss; set as `nn.Module.compile` sets it
+            compiled = torch.compile(wrapper._call_impl, **kwargs)
+            compiled = self._wrap(compiled, wrapper._call_impl, module_call=True)  # [ladder features]
+            self.replace(wrapper, "_compiled_call_impl", compiled)
             return
         # no wrapper (one device, or a stage without one): the strategy calls the step methods directly
         given = module.__dict__.get("_compile_kwargs")  # torch keeps the compiled input's arguments on the module
         from_compiled(torch.compile(module, **kwargs))  # type: ignore[arg-type]
         module.__dict__.update({"_compile_kwargs": given} if given is not None else {})
         self.callback(to_uncompiled, module)
+        # [ladder features]
         assert module._compiler_ctx is not None
         for name in ("training_step", "validation_step", "test_step", "predict_step"):
             original = module._compiler_ctx[f"original_{name}"]
@@ -242,8 +296,10 @@ class _CompileConnector:
             compiled = feature.wrap(self, compiled, original, module_call)
         return functools.update_wrapper(functools.partial(compiled), original, updated=())
 
-    def replace(self, target: Any, name: str, value: Any, scope: _Scope = "compile") -> None:
-        """Sets ``target.name`` to ``value`` until the end of ``scope``, then puts back what was there.
+    # [/ladder]
+    # [ladder !features] def replace(self, target: Any, name: str, value: Any) -> None:
+    def replace(self, target: Any, name: str, value: Any, scope: _Scope = "compile") -> None:  # [ladder features]
+        """Sets ``target.name`` to ``value`` for the run (or its ``scope``), then puts back what was there.
 
         An attribute of an object's own ``__dict__`` (or of a module, such as ``torch._dynamo.config``) gets its value
         back; one that came from the class is removed from the instance again.
@@ -251,11 +307,14 @@ class _CompileConnector:
         """
         if name in getattr(target, "__dict__", {}) or isinstance(target, types.ModuleType):
             before = getattr(target, name)
-            self.callback(lambda: setattr(target, name, before), scope=scope)
+            # [ladder !features] self.callback(lambda: setattr(target, name, before))
+            self.callback(lambda: setattr(target, name, before), scope=scope)  # [ladder features]
         else:
-            self.callback(lambda: target.__dict__.pop(name, None), scope=scope)
+            # [ladder !features] self.callback(lambda: target.__dict__.pop(name, None))
+            self.callback(lambda: target.__dict__.pop(name, None), scope=scope)  # [ladder features]
         setattr(target, name, value)
 
+    # [ladder features]
     def setenv(self, name: str, value: str, scope: _Scope = "run") -> None:
         """Sets the environment variable ``name`` until the end of ``scope``, then puts back what was there."""
         before = os.environ.get(name)
@@ -271,12 +330,16 @@ class _CompileConnector:
         self.callback(lambda: context.__exit__(None, None, None), scope=scope)
         return value
 
-    def callback(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:
-        """Calls ``undo(*args)`` at the end of ``scope``: for what is undone by a function of its own."""
+    # [/ladder]
+    # [ladder !features] def callback(self, undo: Callable[..., Any], *args: Any) -> None:
+    def callback(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:  # [ladder features]
+        """Calls ``undo(*args)`` at the end of the run (or of its ``scope``): for what a function of its own undoes."""
         # a closure, not a `functools.partial`: a Trainer that a callback deep-copies mid-run (Lightning's own tests do)
         # copies functions by reference, while a partial's arguments (a config module) would be copied and cannot be
-        self._undo[scope].append(lambda: undo(*args))
+        # [ladder !features] self._undo.append(lambda: undo(*args))
+        self._undo[scope].append(lambda: undo(*args))  # [ladder features]
 
+    # [ladder features]
     def uncompile(self) -> None:
         """Undoes what this run compiled, latest first; the run's settings stay until its teardown."""
         self._unwind("compile")
@@ -301,7 +364,16 @@ class _CompileConnector:
         if _RUNNING and _RUNNING[0] is self:
             _RUNNING.clear()
 
+    # [/ladder]
+    # [ladder !features] def teardown(self) -> None:
+    # [ladder !features]     """Undoes what the run compiled and set, latest first, every step even after one raised."""
+    # [ladder !features]     self.run_kwargs, undo, self._undo = None, self._undo, []
+    # [ladder !features]     with contextlib.ExitStack() as stack:  # callbacks run last-in, first-out
+    # [ladder !features]         for step in undo:
+    # [ladder !features]             stack.callback(step)
 
+
+# [ladder features]
 @functools.cache
 def _feature_classes() -> tuple[type[_CompileFeature], ...]:
     """The ``FEATURE`` of every module in ``compile_features``, by name: imported on first use."""
@@ -309,20 +381,25 @@ def _feature_classes() -> tuple[type[_CompileFeature], ...]:
     return tuple(importlib.import_module(f"{compile_features.__name__}.{m.name}").FEATURE for m in modules)
 
 
+# [/ladder]
+# [ladder use_compile]
 def _torch_compile_keys() -> list[str]:
     return [name for name in inspect.signature(torch.compile).parameters if name != "model"]
 
 
-def _parse_use_compile(use_compile: Any, feature_keys: dict[str, str]) -> _CompileOptions:
-    """Checks a ``use_compile`` value and splits it into ``torch.compile`` arguments and the features' keys."""
+# [ladder !features] def _parse_use_compile(use_compile: Any) -> dict[str, Any]:
+def _parse_use_compile(use_compile: Any, feature_keys: dict[str, str]) -> _CompileOptions:  # [ladder features]
+    """Checks a ``use_compile`` value, with ``torch.compile`` itself, and splits off the features' keys."""
     if use_compile is None or isinstance(use_compile, bool):
-        return _CompileOptions()
+        # [ladder !features] return {}
+        return _CompileOptions()  # [ladder features]
     if not isinstance(use_compile, Mapping):
         raise TypeError(
             f"`Trainer(use_compile={use_compile!r})` is not supported: pass `True`, `False`, `None` or a dict of"
             f" `torch.compile` arguments such as `use_compile={{'mode': 'max-autotune'}}`."
         )
     torch_keys = _torch_compile_keys()
+    # [ladder !features] feature_keys: dict[str, str] = {}  # the fork's features add keys of their own
     for key in use_compile:
         if key not in torch_keys and key not in feature_keys:
             close = difflib.get_close_matches(str(key), [*torch_keys, *feature_keys], n=1)
@@ -331,7 +408,53 @@ def _parse_use_compile(use_compile: Any, feature_keys: dict[str, str]) -> _Compi
             raise ValueError(
                 f"`Trainer(use_compile=...)` got the unknown key {key!r}.{hint} Valid keys: {torch_keys}{own}."
             )
-    return _CompileOptions(
-        torch_kwargs=_Frozen({k: v for k, v in use_compile.items() if k in torch_keys}),
-        keys=_Frozen({k: v for k, v in use_compile.items() if k not in torch_keys}),
-    )
+    torch_kwargs = {k: v for k, v in use_compile.items() if k in torch_keys}
+    _check_compile_kwargs(torch_kwargs)
+    keys = {k: v for k, v in use_compile.items() if k not in torch_keys}  # [ladder features]
+    return _CompileOptions(torch_kwargs=_Frozen(torch_kwargs), keys=_Frozen(keys))  # [ladder features]
+    # [ladder !features] return torch_kwargs
+
+
+def _never_run() -> None:
+    """What the dry ``torch.compile`` call of :func:`_check_compile_kwargs` compiles: it is never called."""
+
+
+def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """Checks ``torch.compile`` arguments when the Trainer is built, rather than minutes later at the first step.
+
+    ``torch.compile`` checks them itself: a dry call on a function that is never run builds the backend, which looks
+    up its name and applies the mode and the options, so every value torch accepts passes and every value it refuses
+    fails with its own reason. What torch takes without a check (the type of a flag, of the backend) is checked here.
+
+    """
+    for key in ("fullgraph", "disable", "dynamic", "isolate_recompiles"):
+        if kwargs.get(key) is not None and not isinstance(kwargs[key], bool):
+            raise TypeError(f"`Trainer(use_compile={{{key!r}: {kwargs[key]!r}}})` must be a bool.")
+    for key in ("mode", "name"):
+        if kwargs.get(key) is not None and not isinstance(kwargs[key], str):
+            raise TypeError(f"`Trainer(use_compile={{{key!r}: {kwargs[key]!r}}})` must be a string.")
+    if kwargs.get("options") is not None and not isinstance(kwargs["options"], Mapping):
+        raise TypeError("`Trainer(use_compile={'options': ...})` must be a dict of backend options.")
+    for key in ("shapes_spec", "dynamic_shapes"):  # torch 2.13 and 2.14 name it differently
+        spec = kwargs.get(key)
+        if spec is not None and not isinstance(spec, Mapping) and type(spec).__name__ != "ParamsSpec":
+            raise TypeError(f"`Trainer(use_compile={{{key!r}: {spec!r}}})` must be a dict, a `ParamsSpec` or `None`.")
+    limit = kwargs.get("recompile_limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        kind = ValueError if isinstance(limit, int) and not isinstance(limit, bool) else TypeError
+        raise kind(f"`Trainer(use_compile={{'recompile_limit': {limit!r}}})` must be a positive int.")
+    backend = kwargs.get("backend", "inductor")
+    if not callable(backend) and not isinstance(backend, str):
+        raise TypeError(f"`Trainer(use_compile={{'backend': {backend!r}}})` must be a backend name or a callable.")
+    try:
+        torch.compile(_never_run, **kwargs)
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        names = torch.compiler.list_backends(exclude_tags=()) if isinstance(backend, str) else []
+        close = [name for name in difflib.get_close_matches(str(backend), names, n=1) if name != backend]
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        kind = TypeError if reason.startswith("Unexpected type") else ValueError  # an option of the wrong type
+        raise kind(f"`torch.compile` refuses `Trainer(use_compile=...)`'s arguments: {reason}{hint}") from error
+
+
+# [/ladder]

@@ -8,14 +8,15 @@ at import (:func:`install`), so both deliveries run the same code.
   compiles only the steps that are callable.
 * ``to_uncompiled`` left each step method behind as an instance attribute holding a bound method: the module then
   pickles the bound methods and ignores a method patched on its class. It now removes them.
-* ``_ForwardRedirection.__call__`` left the module's ``forward`` patched when the wrapper's call raised (a compile
-  error, an interrupt), so the next call of ``forward`` ran the step method. It now restores it on every path.
+* ``_ForwardRedirection.__call__`` (the Trainer's) and ``_FabricModule._redirection_through_forward`` (Fabric's) left
+  the module's ``forward`` patched when the wrapper's call raised (a compile error, a hook that raised, an interrupt),
+  so the next call of ``forward`` ran the step method. Both now restore it on every path.
 * ``_verify_strategy_supports_compile`` refused ``ModelParallelStrategy``; it can also check a strategy for a model
   that is yet to be compiled (``model=None``).
 
 """
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch._dynamo import OptimizedModule
@@ -117,7 +118,8 @@ def _verify_strategy_supports_compile(model: Optional["pl.LightningModule"], str
             raise RuntimeError(
                 f"Using a compiled model is incompatible with the current strategy: `{type(strategy).__name__}`."
                 f" Only {supported_strategy_names} support compilation. Either switch to one of the supported"
-                " strategies or avoid passing in compiled model and `Trainer(use_compile=...)`."
+                # [ladder !use_compile] " strategies or avoid passing in compiled model."
+                " strategies or avoid passing in compiled model and `Trainer(use_compile=...)`."  # [ladder use_compile]
             )
 
 
@@ -169,10 +171,39 @@ class _ForwardRedirection:
         pass
 
 
+class _FabricModule:
+    def _redirection_through_forward(self, method_name: str) -> Callable:
+        assert method_name != "forward"
+        original_forward = self._original_module.forward
+
+        def wrapped_forward(*args: Any, **kwargs: Any) -> Any:
+            # Unpatch ourselves immediately before calling the method `method_name`
+            # because itself may want to call the real `forward`
+            self._original_module.forward = original_forward
+            # Call the actual method e.g. `.training_step(...)`
+            method = getattr(self._original_module, method_name)
+            return method(*args, **kwargs)
+
+        # We make the caller "unknowingly" send their arguments through the forward_module's `__call__`.
+        # We expect that the `forward_module` will eventually call `original_module.forward`, which we
+        # have patched to redirect back to `original_module.method_name()`.
+        def call_forward_module(*args: Any, **kwargs: Any) -> Any:
+            # Patch the original_module's forward, so we can redirect the arguments back to the real method
+            self._original_module.forward = wrapped_forward
+            try:
+                return self.forward(*args, **kwargs)
+            finally:
+                # if the call raised before `wrapped_forward` ran (a hook that raised, an interrupt), unpatch here
+                self._original_module.forward = original_forward
+
+        return call_forward_module
+
+
 #: Where each fix goes in Lightning's tree: the module, and the class for a method.
 FIXES = {
     "from_compiled": ("lightning.pytorch.utilities.compile", None),
     "to_uncompiled": ("lightning.pytorch.utilities.compile", None),
     "_verify_strategy_supports_compile": ("lightning.pytorch.utilities.compile", None),
     "__call__": ("lightning.pytorch.strategies.strategy", "_ForwardRedirection"),
+    "_redirection_through_forward": ("lightning.fabric.wrappers", "_FabricModule"),
 }

@@ -24,6 +24,8 @@ TRAINER = "src/lightning/pytorch/trainer/trainer.py"
 CHANGELOG = "src/lightning/pytorch/CHANGELOG.md"
 COMPILE_UTILS = "src/lightning/pytorch/utilities/compile.py"
 STRATEGY = "src/lightning/pytorch/strategies/strategy.py"
+FABRIC_WRAPPERS = "src/lightning/fabric/wrappers.py"
+FABRIC_CHANGELOG = "src/lightning/fabric/CHANGELOG.md"
 COMPILE_DOCS = "docs/source-pytorch/advanced/compile.rst"
 TRAINER_DOCS = "docs/source-pytorch/common/trainer.rst"
 COMPILE_TESTS = "tests/tests_pytorch/utilities/test_compile.py"
@@ -73,6 +75,9 @@ class Patch:
     tests: tuple[str, ...] = ()
     edits: tuple = ()
     bases: tuple[str, ...] = BASES
+    #: The layers of the package modules this patch adds (``tools/upstream/layers.py``): a module listed in
+    #: ``modules`` is written with these and the earlier patches' layers, as a new file or over its earlier layers.
+    layers: tuple[str, ...] = ()
 
 
 def _indent(text: str, spaces: int) -> str:
@@ -175,26 +180,48 @@ _FIXED_REDIRECTION = (
     "- Fixed `_ForwardRedirection` leaving the LightningModule's `forward` patched when the wrapped call raises, so"
     f" that the next call of `forward` ran a step method {ISSUE}"
 )
-_FIXED_UNCOMPILED = (
-    "- Fixed `from_compiled` raising for a LightningModule with a step set to `None`, and `to_uncompiled` leaving"
-    f" the step methods behind as instance attributes {ISSUE}"
+_FIXED_FROM_COMPILED = f"- Fixed `from_compiled` raising for a LightningModule with a step set to `None` {ISSUE}"
+_FIXED_TO_UNCOMPILED = (
+    "- Fixed `to_uncompiled` leaving the step methods behind as instance attributes, so that a method patched on the"
+    f" class later was ignored {ISSUE}"
 )
 _FIXED_CORE = (
     f"- Fixed a `torch.compile`-d model being refused under `ModelParallelStrategy`, which can run it compiled {ISSUE}"
 )
 
+_FIXED_FABRIC_REDIRECTION = (
+    "- Fixed `_FabricModule` leaving the module's `forward` patched when the wrapper's call raises, so that the next"
+    " call of `forward` ran the method marked with `mark_forward_method` (or a step method) instead"
+)
+
 FIX_FORWARD_REDIRECTION = Patch(
-    subject="Fix `_ForwardRedirection` leaving `forward` patched when the wrapped call raises",
+    subject="Fix the forward redirection leaving `forward` patched when the wrapped call raises",
     body="""\
-`_ForwardRedirection` patches the LightningModule's `forward` to reroute the wrapper's (DDP's,
-FSDP's) forward to a step method, and unpatches it from inside the patched `forward`. When the
-wrapper's call raises before it gets there (a compile error, a hook that raises, an interrupt), the
-module kept the patched `forward`, and its next call ran the step method instead. It is now
-restored in a `finally`.""",
+To run a step method through the DDP/FSDP wrapper's forward, the Trainer's
+`_ForwardRedirection` and Fabric's `_FabricModule._redirection_through_forward` patch the
+LightningModule's `forward`, and unpatch it from inside the patched `forward`. When the
+wrapper's call raises before it gets there (a forward pre-hook that raises, a compile error, a
+KeyboardInterrupt), the module kept the patched `forward`: its next call, `model(x)`, ran the step
+method instead and returned its output (a dict with the loss). Both now restore it in a `finally`.
+
+Issue text:
+
+    `model(x)` runs `training_step` after a failed step under DDP (Trainer and Fabric)
+
+    Under DDP or FSDP, a step is rerouted through the wrapper's forward by patching the
+    LightningModule's `forward`. If the wrapper's forward raises before calling the module (a
+    forward pre-hook raising once, a compile error, Ctrl-C), the patch stays: afterwards
+    `model(x)` returns the step's output. Repro (Fabric, CPU): wrap a module whose wrapper raises
+    once in `forward`, call `fabric_module.training_step()`, catch the error, then call
+    `fabric_module(x)`: it returns what `training_step` returns.""",
     modules=(),
-    tests=("tests_pytorch/strategies/test_forward_redirection.py",),
+    tests=(
+        "tests_pytorch/strategies/test_forward_redirection.py",
+        "tests_fabric/test_wrappers_forward_redirection.py",
+    ),
     edits=(
         ReplaceDef(STRATEGY, "__call__", cls="_ForwardRedirection"),
+        ReplaceDef(FABRIC_WRAPPERS, "_redirection_through_forward", cls="_FabricModule"),
         Replace(
             CHANGELOG,
             "### Removed\n\n-\n\n### Fixed\n\n-\n",
@@ -202,58 +229,81 @@ restored in a `finally`.""",
             bases=("2.6.6",),
         ),
         InsertAfter(CHANGELOG, _MASTER_FIXED[2], f"\n{_FIXED_REDIRECTION}\n", bases=("master",)),
+        Replace(
+            FABRIC_CHANGELOG,
+            "### Removed\n\n-\n\n### Fixed\n\n-\n",
+            f"### Removed\n\n-\n\n### Fixed\n\n{_FIXED_FABRIC_REDIRECTION}\n",
+            bases=("2.6.6",),
+        ),
+        InsertAfter(
+            FABRIC_CHANGELOG,
+            "- Fixed AccumulateGrad stream mismatch warning when using DDP with Fabric",
+            f"\n{_FIXED_FABRIC_REDIRECTION}\n",
+            bases=("master",),
+        ),
     ),
 )
 
-FIX_UNCOMPILED = Patch(
-    subject="Fix `from_compiled` with a step set to `None`, and `to_uncompiled` leaving bound methods behind",
+FIX_FROM_COMPILED = Patch(
+    subject="Fix `from_compiled` raising for a LightningModule with a step set to `None`",
     body="""\
 Setting a step to `None` (`model.validation_step = None`) is how a loop is turned off, and
 `from_compiled` raised on it ("A callable function is expected"), so such a model could not be
-passed to the Trainer compiled. It now compiles only the steps that are callable.
-
-`to_uncompiled` put each original step back as an instance attribute holding a bound method: the
-module then pickled the bound methods, and a method patched on its class later was ignored. A step
-that is the class's own method is now removed from the instance instead.""",
+passed to the Trainer compiled. It now compiles only the steps that are callable.""",
     modules=(),
-    tests=("tests_pytorch/utilities/test_compile_round_trip.py",),
-    edits=(
-        ReplaceDef(COMPILE_UTILS, "from_compiled"),
-        ReplaceDef(COMPILE_UTILS, "to_uncompiled"),
-        *_changelog_fixed(_FIXED_UNCOMPILED, 3),
-    ),
+    tests=("tests_pytorch/utilities/test_compile_from_compiled.py",),
+    edits=(ReplaceDef(COMPILE_UTILS, "from_compiled"), *_changelog_fixed(_FIXED_FROM_COMPILED, 3)),
 )
 
-CORE = Patch(
-    subject="Add `Trainer(use_compile=...)` to compile the model after the strategy wraps it",
+FIX_TO_UNCOMPILED = Patch(
+    subject="Fix `to_uncompiled` leaving the step methods behind on the instance",
     body="""\
-The Trainer compiles a `torch.compile`-d LightningModule's step methods before the strategy wraps
-it, so DDP's own pre- and post-forward run outside the compiled code, and the docs say the Trainer
-does not reapply `torch.compile` over DDP/FSDP (#20242).
+`to_uncompiled` put each original step back as an instance attribute holding a bound method, so
+a method patched on the class later (a test's `monkeypatch`, a mixin set up after the run) was
+ignored by that instance, and the module carried the bound methods in its `__dict__`. A step
+that is the class's own method is now removed from the instance instead.""",
+    modules=(),
+    tests=("tests_pytorch/utilities/test_compile_to_uncompiled.py",),
+    edits=(ReplaceDef(COMPILE_UTILS, "to_uncompiled"), *_changelog_fixed(_FIXED_TO_UNCOMPILED, 3)),
+)
 
-`Trainer(use_compile=True | dict)` compiles, in place, what the strategy calls, after
-`strategy.setup`, in every stage: the DDP/FSDP wrapper with `nn.Module.compile` while fitting (every
-step goes through its forward), the LightningModule with `from_compiled` otherwise. In-place
-compilation keeps the wrapper's type and the state-dict keys. `to_uncompiled` undoes it in
-`_teardown`. The dict takes the arguments of `torch.compile`, checked in `Trainer.__init__`.
+_REAPPLIED = (
+    "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, right after the"
+    " strategy wraps it (and before any hook that runs a step, such as the tuner's), so that under DDP and FSDP the"
+    " wrapper itself runs compiled, as Fabric does; the LightningModule's steps are no longer compiled on their own"
+    f" before the wrap, and nothing of it is left compiled after the run {ISSUE}\n\n"
+    "- While the Trainer compiles, `validate` runs under `torch.no_grad`, as validation does while fitting, instead of"
+    f" `torch.inference_mode`, so that the validation step compiles once {ISSUE}\n"
+)
 
-With the default `use_compile=None`, a compiled model passed to `fit` is unwrapped with Fabric's
-`_unwrap_compiled` and compiled again with the same arguments after the wrap, as Fabric does (as
-suggested when #20269 was closed). `use_compile=False` keeps the previous behavior.
+REAPPLY = Patch(
+    subject="Compile a `torch.compile`-d model again after the strategy wraps it",
+    body="""\
+A compiled LightningModule passed to the Trainer had its step methods compiled
+(`from_compiled`) before the strategy wrapped it, so under DDP and FSDP the wrapper's own
+forward ran outside the compiled code, and the docs say the Trainer does not reapply
+`torch.compile` over DDP/FSDP (#20242). Fabric re-applies compile after the wrap
+(`_reapply_compile`, #19280); when #20269 (a `reapply_compile` flag) was closed, the
+maintainers asked for this whenever the model passed in is compiled, with no new argument.
 
-Each step keeps its signature (Lightning reads it to decide what to pass), a step set to `None`
-stays off, and each step function compiles once per Trainer across stages: `validate` runs under
-`torch.no_grad`, as fit's validation does, rather than `torch.inference_mode` while compiling, since
-inference tensors would compile the validation step a second time. `use_compile` needs torch 2.6,
-the oldest it is tested with, and is refused at `Trainer(...)` before that; with `None`, a compiled
-model then runs as before.
+The model is now unwrapped (Fabric's `_unwrap_compiled`) when it is passed to
+`fit`/`validate`/`test`/`predict`, and compiled again, in place and with the same arguments,
+right after `strategy.setup` and before any hook that runs a step (the tuner's trials run in
+`on_fit_start`): with a wrapper (DDP, FSDP while fitting), the wrapper itself, as
+`nn.Module.compile` does, so Lightning's `isinstance(..., DistributedDataParallel)` checks and
+the state-dict keys stay; without one, the LightningModule's steps, with `from_compiled`. Each
+step keeps its signature, and everything is undone in `_teardown`, on every path.
 
-Features beyond this core are modules of `trainer/connectors/compile_features/`, each naming its
-`_CompileFeature` as `FEATURE`, imported only when a Trainer compiles; this patch adds none. It
-sets no process-wide state. `_verify_strategy_supports_compile` now accepts
-`ModelParallelStrategy` and can check a strategy for a model that is yet to be compiled.""",
-    modules=("compile_features", "compile_connector"),
-    tests=("tests_pytorch/trainer/test_trainer_use_compile.py",),
+Each step function compiles once per Trainer across stages: while compiling, `validate` runs
+under `torch.no_grad`, as fit's validation does, rather than `torch.inference_mode`, whose
+tensors would compile the validation step a second time.
+
+What it buys: from torch 2.7 (pytorch#147123) DDP's python pre- and post-forward run inside the
+graph without the crash of #20242; DDPOptimizer's bucketed split applies either way (Dynamo
+applies it to any frame converted inside DDP's forward). On torch before 2.6 nothing changes.
+Measured on CPU, 2 gloo processes: see the PR text for the table.""",
+    modules=("compile_connector",),
+    tests=("tests_pytorch/trainer/test_trainer_reapply_compile.py",),
     edits=(
         Replace(
             TRAINER,
@@ -263,42 +313,9 @@ sets no process-wide state. `_verify_strategy_supports_compile` now accepts
         ),
         Replace(
             TRAINER,
-            "        model_registry: Optional[str] = None,\n    ) -> None:\n",
-            f"        model_registry: Optional[str] = None,\n{_USE_COMPILE_ARG}    ) -> None:\n",
-            bases=("2.6.6",),
-        ),
-        Replace(
-            TRAINER,
-            "        suggest_integrations: bool = True,\n    ) -> None:\n",
-            f"        suggest_integrations: bool = True,\n{_USE_COMPILE_ARG}    ) -> None:\n",
-            bases=("master",),
-        ),
-        Replace(
-            TRAINER,
-            "            model_registry: The name of the model being uploaded to Model hub.\n\n        Raises:\n",
-            "            model_registry: The name of the model being uploaded to Model hub.\n\n"
-            f"{_USE_COMPILE_DOC}\n        Raises:\n",
-            bases=("2.6.6",),
-        ),
-        Replace(
-            TRAINER,
-            "            suggest_integrations: Whether to display suggestions for optional Lightning integrations.\n"
-            "                Default: ``True``.\n",
-            "            suggest_integrations: Whether to display suggestions for optional Lightning integrations.\n"
-            f"                Default: ``True``.\n\n{_USE_COMPILE_DOC}",
-            bases=("master",),
-        ),
-        Replace(
-            TRAINER,
             '        log.debug(f"{self.__class__.__name__}: Initializing trainer with parameters: {locals()}")\n',
             '        log.debug(f"{self.__class__.__name__}: Initializing trainer with parameters: {locals()}")\n'
-            "        self._compile_connector = _CompileConnector(self, use_compile)\n",
-        ),
-        Replace(
-            TRAINER,
-            "            plugins=plugins,\n        )\n        self._logger_connector = _LoggerConnector(self)\n",
-            "            plugins=plugins,\n        )\n        self._compile_connector.verify_strategy()\n"
-            "        self._logger_connector = _LoggerConnector(self)\n",
+            "        self._compile_connector = _CompileConnector(self)\n",
         ),
         Replace(TRAINER, f"\n        {_UNWRAP_OLD}\n", f"\n        {_UNWRAP_NEW}\n"),
         Replace(TRAINER, f"\n            {_UNWRAP_OLD}\n", f"\n            {_UNWRAP_NEW}\n", count=3),
@@ -335,53 +352,22 @@ sets no process-wide state. `_verify_strategy_supports_compile` now accepts
         ),
         Replace(COMPILE_UTILS, "from typing import Union\n", "from typing import Optional, Union\n"),
         ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
-        Replace(
-            CHANGELOG,
-            f"{_UNRELEASED}-\n",
-            f"{_UNRELEASED}- Added `Trainer(use_compile=...)`, which compiles the model after the strategy has wrapped"
-            f" it, in every stage {ISSUE}\n",
-            bases=("2.6.6",),
-        ),
-        Replace(
-            CHANGELOG,
-            _UNRELEASED,
-            f"{_UNRELEASED}- Added `Trainer(use_compile=...)`, which compiles the model after the strategy has wrapped"
-            f" it, in every stage {ISSUE}\n\n",
-            bases=("master",),
-        ),
-        Replace(
-            CHANGELOG,
-            "### Changed\n\n-\n",
-            "### Changed\n\n- A `torch.compile`-d model passed to the Trainer is now unwrapped when it is passed in and"
-            " compiled again with the same arguments after the strategy wraps it, so its `forward` is no longer"
-            " compiled on its own and no method of it is left compiled after the run; under a strategy that cannot run"
-            " it compiled, the same error as before is raised; `Trainer(use_compile=False)` keeps the previous"
-            f" behavior {ISSUE}\n\n"
-            "- While the Trainer compiles, `validate` runs under `torch.no_grad`, as validation does while fitting,"
-            f" instead of `torch.inference_mode`, so that the validation step compiles once {ISSUE}\n",
-        ),
+        Replace(CHANGELOG, "### Changed\n\n-\n", f"### Changed\n\n{_REAPPLIED}"),
         *_changelog_fixed(_FIXED_CORE, 4),
-        Replace(
-            TRAINER_DOCS,
-            "use_distributed_sampler\n^^^^^^^^^^^^^^^^^^^^^^^\n",
-            _doc("trainer_flag") + "use_distributed_sampler\n^^^^^^^^^^^^^^^^^^^^^^^\n",
-        ),
-        _section_before("Avoid graph breaks", "use_compile"),
+        _section_before("Avoid graph breaks", "reapply_compile"),
         Replace(
             COMPILE_DOCS,
             _LIMITATION_DDP,
-            "* Without ``use_compile``, the Trainer compiles the model's methods before the strategy wraps it, so the"
-            " operations of :class:`~lightning.pytorch.strategies.DDPStrategy` and"
-            " :class:`~lightning.pytorch.strategies.FSDPStrategy` stay outside the compiled code.\n"
-            "  Pass ``use_compile`` (see `Compile after the strategy wraps the model`_ above), or use"
-            " :class:`~lightning.pytorch.strategies.model_parallel.ModelParallelStrategy`, as described in"
-            " `Apply torch.compile in configure_model`_ above.\n",
+            "* A compiled model passed to the Trainer is compiled again, with the same arguments, after the strategy"
+            " wraps it (see `Compiled again after the strategy wraps the model`_ above), so the forward of"
+            " :class:`~lightning.pytorch.strategies.DDPStrategy` and"
+            " :class:`~lightning.pytorch.strategies.FSDPStrategy` runs inside the compiled code.\n",
         ),
         Replace(
             COMPILE_TESTS,
             '    trainer.fit(compiled_model)\n    assert trainer.model._compiler_ctx["compiler"] == "dynamo"\n',
             "    trainer.fit(compiled_model)\n"
-            "    # from torch 2.6: compiled again after the wrap (`use_compile=None`), uncompiled after the run\n"
+            "    # from torch 2.6: compiled again after the wrap, and uncompiled after the run\n"
             "    if _TORCH_GREATER_EQUAL_2_6:\n"
             "        assert trainer.model._compiler_ctx is None\n"
             "    else:\n"
@@ -392,6 +378,121 @@ sets no process-wide state. `_verify_strategy_supports_compile` now accepts
             COMPILE_TESTS,
             "from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_2\n",
             "from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_2, _TORCH_GREATER_EQUAL_2_6\n",
+        ),
+    ),
+)
+
+USE_COMPILE = Patch(
+    subject="Add `Trainer(use_compile=...)` to compile any model after the strategy wraps it",
+    body="""\
+#20242 asks for a flag. With the previous patch a compiled model passed in is compiled again
+after the wrap; `Trainer(use_compile=True | dict)` does the same for any model, with the
+defaults of `torch.compile` or with the arguments in the dict, which `torch.compile` itself
+checks when the Trainer is built (a dry call that builds the backend), so that a typo fails at
+`Trainer(...)` rather than minutes into the run. `use_compile=False` keeps the behavior before
+the previous patch: Lightning compiles the steps of a compiled model before the wrap.
+
+Who needs a flag rather than `fit(torch.compile(model))`:
+- LightningCLI and YAML configs, which build the model and cannot wrap it in `torch.compile`
+  (#17283 got CLI workarounds);
+- models whose layers are built in `configure_model`, which do not exist when `torch.compile`
+  would be called;
+- `validate`/`test`/`predict` after `fit` on a model passed in plain.
+
+The question for the maintainers: #15914 (`Trainer(compile=...)`) was closed for #15922
+("pass `torch.compile(model)`"). Is a Trainer argument acceptable now that the Trainer compiles
+after the wrap, and the previous patch already covers `fit(torch.compile(model))`? If not, this
+patch can stay out; the previous one stands alone.
+
+`use_compile` needs torch 2.6, the oldest it is tested with, and is refused at `Trainer(...)`
+before that, as is a strategy that cannot run compiled (DeepSpeed).""",
+    modules=("compile_connector",),
+    layers=("use_compile",),
+    tests=("tests_pytorch/trainer/test_trainer_use_compile.py",),
+    edits=(
+        Replace(
+            TRAINER,
+            "        model_registry: Optional[str] = None,\n    ) -> None:\n",
+            f"        model_registry: Optional[str] = None,\n{_USE_COMPILE_ARG}    ) -> None:\n",
+            bases=("2.6.6",),
+        ),
+        Replace(
+            TRAINER,
+            "        suggest_integrations: bool = True,\n    ) -> None:\n",
+            f"        suggest_integrations: bool = True,\n{_USE_COMPILE_ARG}    ) -> None:\n",
+            bases=("master",),
+        ),
+        Replace(
+            TRAINER,
+            "            model_registry: The name of the model being uploaded to Model hub.\n\n        Raises:\n",
+            "            model_registry: The name of the model being uploaded to Model hub.\n\n"
+            f"{_USE_COMPILE_DOC}\n        Raises:\n",
+            bases=("2.6.6",),
+        ),
+        Replace(
+            TRAINER,
+            "            suggest_integrations: Whether to display suggestions for optional Lightning integrations.\n"
+            "                Default: ``True``.\n",
+            "            suggest_integrations: Whether to display suggestions for optional Lightning integrations.\n"
+            f"                Default: ``True``.\n\n{_USE_COMPILE_DOC}",
+            bases=("master",),
+        ),
+        Replace(
+            TRAINER,
+            "        self._compile_connector = _CompileConnector(self)\n",
+            "        self._compile_connector = _CompileConnector(self, use_compile)\n",
+        ),
+        Replace(
+            TRAINER,
+            "            plugins=plugins,\n        )\n        self._logger_connector = _LoggerConnector(self)\n",
+            "            plugins=plugins,\n        )\n        self._compile_connector.verify_strategy()\n"
+            "        self._logger_connector = _LoggerConnector(self)\n",
+        ),
+        ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
+        Replace(
+            CHANGELOG,
+            f"{_UNRELEASED}-\n",
+            f"{_UNRELEASED}- Added `Trainer(use_compile=...)`, which compiles the model after the strategy has wrapped"
+            f" it, in every stage, with `torch.compile` arguments checked when the Trainer is built {ISSUE}\n",
+            bases=("2.6.6",),
+        ),
+        Replace(
+            CHANGELOG,
+            _UNRELEASED,
+            f"{_UNRELEASED}- Added `Trainer(use_compile=...)`, which compiles the model after the strategy has wrapped"
+            f" it, in every stage, with `torch.compile` arguments checked when the Trainer is built {ISSUE}\n\n",
+            bases=("master",),
+        ),
+        Replace(
+            TRAINER_DOCS,
+            "use_distributed_sampler\n^^^^^^^^^^^^^^^^^^^^^^^\n",
+            _doc("trainer_flag") + "use_distributed_sampler\n^^^^^^^^^^^^^^^^^^^^^^^\n",
+        ),
+        _section_before("Avoid graph breaks", "use_compile"),
+    ),
+)
+
+FEATURE_SEAM = Patch(
+    subject="Add a seam for compile features of `Trainer(use_compile=...)` (fork-only)",
+    body="""\
+Fork-only: the seam that the later patches plug their features into, kept out of the patches
+above. Each module of `trainer/connectors/compile_features/` names a `_CompileFeature` as
+`FEATURE`; it owns keys of the `use_compile` dict, and is built only for a Trainer whose
+`use_compile` sets one of them (`_CompileConnector.defaults`, empty here, lets a distribution
+turn features on by default), so a feature left unset changes nothing. Its hooks see the run's
+compile arguments as a frozen value and return new ones. Everything a feature changes outside
+the run (an attribute, a torch setting, an environment variable) goes through the connector,
+which records it in one of two scopes, what is compiled and what belongs to the run, and undoes
+it on every path. One compiled run at a time per process: Dynamo's counters and settings are
+process-wide. This patch adds no feature.""",
+    modules=("compile_features", "compile_connector"),
+    layers=("features",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
+    edits=(
+        InsertAfter(
+            COMPILE_DOCS,
+            "The dict takes the arguments of ``torch.compile``",
+            "\nThe features below each take a key of the dict of their own, and do nothing unless it is set.\n",
         ),
     ),
 )
@@ -425,29 +526,6 @@ def _feature(
     )
 
 
-COMPILE_ARGUMENTS = Patch(
-    subject="Check the `torch.compile` arguments of `Trainer(use_compile=...)` when the Trainer is built",
-    body="""\
-`torch.compile` checks its backend, mode and options only when it compiles, after the data has been
-prepared and the model moved to the device. They are now checked in `Trainer.__init__`: an
-unregistered backend, an unknown mode, `mode` together with `options`, and an unknown inductor option
-or one of the wrong type, each with an error that names the value and what to pass instead.""",
-    modules=("compile_features.compile_arguments",),
-    tests=("tests_pytorch/trainer/connectors/test_compile_compile_arguments.py",),
-    edits=(
-        Replace(
-            TRAINER_DOCS,
-            "    trainer = Trainer(use_compile=False)\n",
-            "    trainer = Trainer(use_compile=False)\n\nThe backend, the mode and the options are checked when the"
-            " Trainer is created, so a typo fails right away.\n",
-        ),
-        *_changelog_added(
-            "- Added checks of the `torch.compile` arguments of `Trainer(use_compile=...)` when the Trainer is built"
-            f" {ISSUE}",
-            5,
-        ),
-    ),
-)
 LOG_DEFERRAL = _feature(
     "log_deferral",
     "Keep `self.log` out of the graphs compiled by `Trainer(use_compile=...)`",
@@ -653,9 +731,11 @@ theirs; code compiled outside the Trainer's runs is left alone.""",
 
 SERIES: tuple[Patch, ...] = (
     FIX_FORWARD_REDIRECTION,
-    FIX_UNCOMPILED,
-    CORE,
-    COMPILE_ARGUMENTS,
+    FIX_FROM_COMPILED,
+    FIX_TO_UNCOMPILED,
+    REAPPLY,
+    USE_COMPILE,
+    FEATURE_SEAM,
     LOG_DEFERRAL,
     RUN_SUMMARY,
     FALLBACK,
@@ -670,8 +750,8 @@ SERIES: tuple[Patch, ...] = (
 )
 
 
-#: The patches up to and including the core: every later patch applies on them alone.
-CORE_STACK = SERIES[: SERIES.index(CORE) + 1]
+#: The patches up to and including the feature seam: every later patch applies on them alone.
+CORE_STACK = SERIES[: SERIES.index(FEATURE_SEAM) + 1]
 
 
 def series(base: str) -> tuple[Patch, ...]:

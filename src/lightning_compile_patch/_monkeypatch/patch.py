@@ -14,6 +14,7 @@ import hook: importing a flavour has side effects of its own (the last one impor
   after the ``on_exception`` callbacks, on every path) uncompiles first.
 * Lightning's compile helpers that the connector reuses are replaced by their fixed versions (``lightning_fixes``),
   which the upstream series puts in Lightning's own files.
+* The connector's ``defaults`` turn the package's features on for every ``use_compile`` (``feature_defaults``).
 
 """
 
@@ -33,6 +34,7 @@ from typing import Any, Callable, Optional
 from packaging.version import Version
 
 from lightning_compile_patch._monkeypatch import trainer_api
+from lightning_compile_patch._monkeypatch.feature_defaults import FEATURE_DEFAULTS
 from lightning_compile_patch._monkeypatch.flavours import FLAVOUR_RENAMES, connector_module, flavour_module
 
 #: The Lightning releases this patch was tested against; anything else is refused at import.
@@ -171,6 +173,7 @@ def _patch_flavour(flavour: str) -> bool:
     env_defaults = importlib.import_module(f"{flavour}.utilities.argparse")._defaults_from_env_vars
     fixes = _install_fixes(flavour)
     connector_cls = connector_module(flavour)._CompileConnector
+    connector_cls.defaults = FEATURE_DEFAULTS  # the package's features, on for every `use_compile`
 
     originals = {name: getattr(trainer_cls, name) for name in ("__init__", *_RUN_HOOKS, *_ENTRY_POINTS)}
     patched_init = _patched_init(originals["__init__"].__wrapped__, connector_cls)

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 from torch._dynamo.convert_frame import input_codes
 
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 #: The Trainer whose run compiled last in this process, and the spans of ``input_codes.seen`` that compiled runs added
 #: (adjacent runs share one span, so this stays as short as the runs are interleaved with code compiled outside them).
@@ -40,6 +40,8 @@ def _limit() -> int:
 
 class _CompileBudget(_CompileFeature):
     """Resets what earlier Trainers compiled, when another Trainer's run starts."""
+
+    keys = {"compile_budget": "True: each Trainer's runs get a recompile budget of their own for the code they compile"}
 
     def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
         seen = input_codes.seen
@@ -56,6 +58,9 @@ class _CompileBudget(_CompileFeature):
                     if code is not None and len(eval_frame._debug_get_cache_entry_list(code)) > _limit() // 2:
                         eval_frame.reset_code(code)  # its entries, its recompile count, its "skip" mark
         _LAST.update(connector=weakref.ref(connector), start=len(seen))
+
+    def __init__(self, options: _CompileOptions) -> None:
+        _flag(options, "compile_budget")
 
     def teardown(self, connector: _CompileConnector) -> None:
         start, end, spans = _LAST["start"], len(input_codes.seen), _LAST["spans"]

@@ -26,7 +26,7 @@ from torch._dynamo.convert_frame import input_codes
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerStatus
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 #: torch 2.13+ can compile the backward together with the forward.
 _NON_LAZY_BACKWARD = hasattr(functorch_config, "force_non_lazy_backward_lowering")
@@ -41,9 +41,11 @@ COMPILE_ERRORS = tuple(
 class _CompileErrors(_CompileFeature):
     """Names the run in a compile error, leaves every module uncompiled, and lets the next run compile again."""
 
+    keys = {"compile_errors": "True: a compile error names the run and what to do, and the next run compiles afresh"}
     order = 90  # outside `fallback`: it names what `fallback` did not catch
 
     def __init__(self, options: _CompileOptions) -> None:
+        _flag(options, "compile_errors")
         self._codes_before: Optional[int] = None
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:

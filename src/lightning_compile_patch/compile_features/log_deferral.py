@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 _LOG_METHODS = ("log", "log_dict")
 
@@ -76,9 +76,11 @@ class _LogBoundary:
 class _LogDeferral(_CompileFeature):
     """Defers ``self.log`` while a step is traced, and replays it after the compiled step (no graph break)."""
 
+    keys = {"defer_logging": "True: `self.log` in a compiled step is replayed right after it, outside the graph"}
     order = 10
 
     def __init__(self, options: _CompileOptions) -> None:
+        _flag(options, "defer_logging")
         self._boundary: Optional[_LogBoundary] = None
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:

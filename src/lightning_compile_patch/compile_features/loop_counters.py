@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from lightning_utilities.core.imports import compare_version
 
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 #: The sources of every value under one of the Trainer's loops, as Dynamo names them (``L['self']._trainer.fit_loop
 #: .epoch_progress.current.completed``), whichever module or wrapper the compiled frame starts from.
@@ -29,6 +29,11 @@ _SUPPORTED = compare_version("torch", operator.ge, "2.8.0")
 
 class _LoopCounters(_CompileFeature):
     """Marks the Trainer's loop counters dynamic for the run."""
+
+    keys = {"dynamic_loop_counters": "True: reading `current_epoch` or `global_step` in a step does not recompile it"}
+
+    def __init__(self, options: _CompileOptions) -> None:
+        _flag(options, "dynamic_loop_counters")
 
     def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
         if not _SUPPORTED or (connector.given or {}).get("dynamic") is False:

@@ -14,13 +14,18 @@ from typing import Any
 
 import torch
 
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 _METHODS = ("forward", "update", "compute")
 
 
 class _Metrics(_CompileFeature):
     """Keeps the metrics of the model out of the compiled graphs for the run."""
+
+    keys = {"eager_metrics": "True: torchmetrics' methods run eagerly, outside the compiled graphs"}
+
+    def __init__(self, options: _CompileOptions) -> None:
+        _flag(options, "eager_metrics")
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         if "torchmetrics" not in sys.modules:  # no metric can exist, and importing it would be slow

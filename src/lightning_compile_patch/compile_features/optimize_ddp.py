@@ -20,11 +20,15 @@ _CHOICES = ("auto", True, False, "ddp_optimizer", "python_reducer", "no_optimiza
 class _OptimizeDDP(_CompileFeature):
     """Sets ``optimize_ddp`` for a run under DDP, before DDP is built, and restores it when the run ends."""
 
-    keys = {"optimize_ddp": "how DDP's graph is split into buckets: 'auto' (default), True, False or a torch mode name"}
+    keys = {"optimize_ddp": "how DDP's graph is split into buckets: 'auto', True, False or a torch mode name"}
     order = 40
 
+    @classmethod
+    def wanted(cls, keys: Mapping[str, Any]) -> bool:
+        return keys.get("optimize_ddp") is not None  # `False` turns the split off: a value of its own
+
     def __init__(self, options: _CompileOptions) -> None:
-        self.choice = options.keys.get("optimize_ddp", "auto")
+        self.choice = options.keys["optimize_ddp"]
         # `True == 1` in Python: compare types too, so that `optimize_ddp=1` is refused rather than taken for `True`
         if not any(type(self.choice) is type(choice) and self.choice == choice for choice in _CHOICES):
             raise ValueError(

@@ -26,7 +26,7 @@ from torch._dynamo.symbolic_convert import InstructionTranslator
 from torch._dynamo.utils import counters
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 #: The clocks, bound here: a test (or a user's callback) that patches `time.perf_counter` gets no calls from the run.
 _clock = time.perf_counter
@@ -352,9 +352,11 @@ class _CompileReport:
 class _RunSummary(_CompileFeature):
     """Tells what the compiler did: the first compiled steps, recompile-limit hits, and one summary line per run."""
 
+    keys = {"summary": "True: count the steps that ran compiled and eager, and warn of each eager step's cause"}
     order = 95  # outermost: a step that `fallback` ran eagerly counts as eager
 
     def __init__(self, options: _CompileOptions) -> None:
+        _flag(options, "summary")
         self._report: Optional[_CompileReport] = None
 
     def compile_kwargs(self, connector: _CompileConnector, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:

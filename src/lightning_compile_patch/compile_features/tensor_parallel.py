@@ -82,6 +82,10 @@ def _vocabulary_parallel(module: nn.Module) -> bool:
 class _TensorParallel(_CompileFeature):
     """Checks a model made tensor-parallel (in ``configure_model``) once the strategy has set it up."""
 
+    @classmethod
+    def wanted(cls, keys: Mapping[str, Any]) -> bool:
+        return True  # a check, on whenever the Trainer compiles: it refuses what cannot compile, and changes nothing
+
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         whole = connector.options.keys.get("regions") is None  # the run compiles the model whole, not by regions
         _check_tensor_parallel(connector.trainer.lightning_module, whole)

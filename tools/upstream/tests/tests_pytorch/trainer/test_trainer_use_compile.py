@@ -125,7 +125,7 @@ def test_use_compile_needs_torch_2_6():
         Trainer(use_compile=True)
 
 
-@RunIf(deepspeed=True)
+@RunIf(min_torch="2.6", deepspeed=True)
 def test_use_compile_refuses_a_strategy_that_cannot_run_compiled():
     with pytest.raises(RuntimeError, match="incompatible with the current strategy: `DeepSpeedStrategy`"):
         Trainer(strategy="deepspeed", use_compile=True, accelerator="cpu")
@@ -171,18 +171,15 @@ def test_use_compile_runs_every_step_compiled_after_the_strategy_wraps(tmp_path,
 
 
 @RunIf(min_torch="2.6", dynamo=True)
-@pytest.mark.parametrize("compiled_input", [False, True])
-def test_use_compile_compiles_each_step_once_across_stages(tmp_path, compiled_input):
+def test_use_compile_compiles_each_step_once_across_stages(tmp_path):
     model, backend = BoringModel(), CountingBackend()
-    given = torch.compile(model, backend=backend) if compiled_input else model
-    use_compile = None if compiled_input else {"backend": backend}
-    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **_TRAINER_KWARGS)
-    trainer.fit(given)
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": backend}, **_TRAINER_KWARGS)
+    trainer.fit(model)
     assert backend.graphs == 2  # the training and the validation step
-    trainer.validate(given)
+    trainer.validate(model)
     assert backend.graphs == 2  # the validation step compiled while fitting runs again, not recompiled
-    trainer.test(given)
-    trainer.predict(given)
+    trainer.test(model)
+    trainer.predict(model)
     assert backend.graphs == 4
 
 
@@ -215,18 +212,6 @@ def test_use_compile_sets_no_process_wide_state(tmp_path):
     assert dict(os.environ) == environ_before
 
 
-@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
-def test_use_compile_none_compiles_a_compiled_model_again_after_the_wrap(tmp_path):
-    model, backend = LoggingModel(), CountingBackend()
-    compiled = torch.compile(model, backend=backend)
-    calls = GraphCallsPerStep(backend)
-    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[calls], **_TRAINER_KWARGS)
-    trainer.fit(compiled)
-    assert calls.wrapper_types["train"] is DistributedDataParallel
-    assert all(calls.calls["train"])
-    assert compiled(torch.randn(2, 32)).shape == (2, 2)  # the compiled model passed in still works
-
-
 class IsCompilingInWrapperForward(Callback):
     """Records, at each call of the strategy's model (the DDP wrapper while fitting), whether it runs compiled."""
 
@@ -238,16 +223,14 @@ class IsCompilingInWrapperForward(Callback):
 
 
 @RunIf(min_torch="2.9", dynamo=True, skip_windows=True)
-@pytest.mark.parametrize("compiled_input", [False, True])
-def test_use_compile_compiles_the_wrapper_itself(tmp_path, compiled_input):
+def test_use_compile_compiles_the_wrapper_itself(tmp_path):
     """DDP's own forward (its pre- and post-forward) runs inside the compiled code, not only the step within it."""
-    model = LoggingModel()
-    given = torch.compile(model, backend="eager") if compiled_input else model
-    use_compile = None if compiled_input else {"backend": "eager"}
     probe = IsCompilingInWrapperForward()
     kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
-    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", use_compile=use_compile, callbacks=[probe], **kwargs)
-    trainer.fit(given)
+    trainer = Trainer(
+        default_root_dir=tmp_path, strategy="ddp", use_compile={"backend": "eager"}, callbacks=[probe], **kwargs
+    )
+    trainer.fit(LoggingModel())
     assert probe.seen == [True, True]
 
 
@@ -271,27 +254,18 @@ class LRFinderTrialCalls(LoggingModel):
 
 
 @RunIf(min_torch="2.6", dynamo=True)
-@pytest.mark.parametrize("compiled_input", [False, True])
-def test_use_compile_compiles_before_the_hooks_that_run_steps(tmp_path, compiled_input):
+def test_use_compile_compiles_before_the_hooks_that_run_steps(tmp_path):
     """The tuner's trials run in `on_fit_start`: they run compiled, as the training after them does."""
     from lightning.pytorch.callbacks import LearningRateFinder
 
     kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0, "limit_train_batches": 8, "max_steps": 2}
-
-    def fit(use_compile, model, given):
-        finder = LearningRateFinder(num_training_steps=4, early_stop_threshold=None)
-        Trainer(default_root_dir=tmp_path, use_compile=use_compile, callbacks=[finder], **kwargs).fit(given)
-        assert finder.optimal_lr is not None
-
-    eager = LRFinderTrialCalls(CountingBackend())
-    fit(False, eager, eager)
-    assert len(eager.calls) == 4 + 2  # the finder's trials, then the training
-
     backend = CountingBackend()
     model = LRFinderTrialCalls(backend)
-    given = torch.compile(model, backend=backend) if compiled_input else model
-    fit(None if compiled_input else {"backend": backend}, model, given)
-    assert len(model.calls) == len(eager.calls)
+    finder = LearningRateFinder(num_training_steps=4, early_stop_threshold=None)
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": backend}, callbacks=[finder], **kwargs)
+    trainer.fit(model)
+    assert finder.optimal_lr is not None
+    assert len(model.calls) == 4 + 2  # the finder's trials, then the training
     assert all(model.calls), model.calls  # every batch ran compiled graphs, the finder's too
 
 
@@ -309,6 +283,29 @@ def test_use_compile_wins_over_a_compiled_model(tmp_path):
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS)
     with pytest.warns(UserWarning, match="`use_compile` wins"):
         trainer.fit(compiled)
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize(
+    ("use_compile", "error", "match"),
+    [
+        ({"backend": "indcutor"}, ValueError, r"refuses.*'indcutor'.*Did you mean 'inductor'\?"),
+        ({"backend": 3}, TypeError, "must be a backend name or a callable"),
+        ({"fullgraph": "yes"}, TypeError, "must be a bool"),
+        ({"mode": "fast"}, ValueError, "refuses.*mode=fast"),
+        ({"mode": "max-autotune", "options": {}}, ValueError, "refuses.*mode or options"),
+        ({"options": {"max_autotun": True}}, ValueError, "refuses.*option max_autotun"),
+    ],
+)
+def test_use_compile_checks_the_torch_compile_arguments_at_construction(use_compile, error, match):
+    with pytest.raises(error, match=match):
+        Trainer(use_compile=use_compile)
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+def test_use_compile_accepts_what_torch_compile_accepts():
+    Trainer(use_compile={"options": {"max_autotune": True, "epilogue_fusion": False}})
+    Trainer(use_compile={"mode": "max-autotune-no-cudagraphs", "dynamic": False})
 
 
 @RunIf(min_cuda_gpus=2, standalone=True, dynamo=True)

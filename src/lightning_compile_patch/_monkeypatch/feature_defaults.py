@@ -1,0 +1,23 @@
+"""The features the package turns on for every ``Trainer(use_compile=...)``.
+
+Upstream (``patches/``), each feature beyond the core does nothing unless its own key is set, so that applying it
+changes nothing for a user who did not ask for it. The package is a distribution of the whole ladder, and turns these
+on whenever ``use_compile`` is set; a key the user sets wins (``use_compile={"summary": False}``). A compiled model
+passed in without ``use_compile`` gets none of them: it is compiled again after the wrap with its own arguments, with
+no backend replaced and no process-wide setting changed.
+
+"""
+
+import types
+
+FEATURE_DEFAULTS = types.MappingProxyType(
+    {
+        "summary": True,  # count compiled and eager steps, and warn of each eager step's cause
+        "compile_errors": True,  # a compile error names the run and the fix; the next run compiles afresh
+        "defer_logging": True,  # `self.log` outside the graph (Lightning 2.6 traces it)
+        "eager_metrics": True,  # torchmetrics outside the graph
+        "dynamic_loop_counters": True,  # `current_epoch` and `global_step` do not recompile the step
+        "compile_budget": True,  # each Trainer's runs get their own recompile budget (sweeps in one process)
+        "optimize_ddp": "auto",  # DDP's graph split only with more than one process
+    }
+)

@@ -1,0 +1,124 @@
+# Copyright The Lightning AI team.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+import os
+import types
+
+import pytest
+import torch
+
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.trainer.connectors import compile_connector
+from lightning.pytorch.trainer.connectors.compile_connector import _CompileConnector, _CompileFeature
+from tests_pytorch.helpers.runif import RunIf
+
+# `Trainer(use_compile=...)` needs torch 2.6
+pytestmark = RunIf(min_torch="2.6", dynamo=True)
+
+_TRAINER_KWARGS = {
+    "max_steps": 1,
+    "limit_val_batches": 0,
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_model_summary": False,
+    "enable_progress_bar": False,
+    "accelerator": "cpu",
+    "devices": 1,
+}
+_TARGET = types.SimpleNamespace(value="before")
+
+
+class _Probe(_CompileFeature):
+    """Changes one attribute for the run, one for what is compiled, and an environment variable."""
+
+    keys = {"probe": "a feature for the tests"}
+    seen: list = []
+
+    def on_run_start(self, connector, model):
+        connector.replace(_TARGET, "value", "during the run", scope="run")
+        connector.setenv("LIGHTNING_COMPILE_PROBE", "1")
+        type(self).seen.append(("on_run_start", dict(connector.run_kwargs or {})))
+
+    def compile_kwargs(self, connector, kwargs):
+        return {**kwargs, "dynamic": False}
+
+    def teardown(self, connector):
+        type(self).seen.append(("teardown", _TARGET.value))
+
+
+class _RecordDuringFit(Callback):
+    def on_train_batch_start(self, *_):
+        self.value, self.env = _TARGET.value, os.environ.get("LIGHTNING_COMPILE_PROBE")
+
+
+@pytest.fixture
+def probe(monkeypatch):
+    monkeypatch.setattr(compile_connector, "_feature_classes", lambda: (_Probe,))
+    _Probe.seen = []
+    return _Probe
+
+
+def test_a_feature_is_built_only_when_its_key_is_set(probe):
+    assert Trainer(use_compile=True)._compile_connector.features == []
+    assert Trainer(use_compile={"probe": None})._compile_connector.features == []
+    [feature] = Trainer(use_compile={"probe": True})._compile_connector.features
+    assert isinstance(feature, _Probe)
+    with pytest.raises(ValueError, match=r"unknown key 'prob'\. Did you mean 'probe'"):
+        Trainer(use_compile={"prob": True})
+
+
+def test_defaults_turn_a_feature_on_for_every_use_compile_but_not_for_a_compiled_model(probe, monkeypatch, tmp_path):
+    monkeypatch.setattr(_CompileConnector, "defaults", {"probe": True})
+    assert len(Trainer(use_compile=True)._compile_connector.features) == 1
+    assert Trainer(use_compile={"probe": False})._compile_connector.features == []  # the user's key wins
+    trainer = Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS)
+    trainer.fit(torch.compile(BoringModel(), backend="eager"))
+    assert trainer._compile_connector.features == []
+    assert probe.seen == []
+
+
+def test_what_a_feature_changes_is_undone_after_the_run(probe, tmp_path):
+    record = _RecordDuringFit()
+    use_compile = {"backend": "eager", "probe": True}
+    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, callbacks=[record], **_TRAINER_KWARGS)
+    trainer.fit(BoringModel())
+    assert (record.value, record.env) == ("during the run", "1")
+    assert _TARGET.value == "before"
+    assert "LIGHTNING_COMPILE_PROBE" not in os.environ
+    assert probe.seen[-1] == ("teardown", "during the run")  # features end first, the run's settings after them
+
+
+def test_a_feature_derives_the_run_arguments_as_a_new_value(probe, tmp_path):
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager", "probe": True}, **_TRAINER_KWARGS)
+    connector = trainer._compile_connector
+    connector.on_run_start(BoringModel())
+    assert dict(connector.run_kwargs) == {"backend": "eager", "dynamic": False}
+    assert dict(connector.options.torch_kwargs) == {"backend": "eager"}  # what was given stays as it was
+    with pytest.raises(TypeError, match="are a value"):
+        connector.run_kwargs["dynamic"] = True
+    connector.teardown()
+
+
+def test_one_compiled_run_at_a_time_per_process(probe, tmp_path):
+    first = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager", "probe": True}, **_TRAINER_KWARGS)
+
+    class StartAnother(Callback):
+        def on_train_start(self, trainer, pl_module):
+            second = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS)
+            with pytest.raises(RuntimeError, match="another Trainer's compiled run is in progress"):
+                second.fit(BoringModel())
+
+    first.callbacks.append(StartAnother())
+    first.fit(BoringModel())
+    Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS).fit(BoringModel())

@@ -1,0 +1,243 @@
+# Copyright The Lightning AI team.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""A `torch.compile`-d model passed to the Trainer is compiled again, with the same arguments, after the wrap."""
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import LearningRateFinder
+from lightning.pytorch.demos.boring_classes import BoringModel
+from tests_pytorch.helpers.runif import RunIf
+
+_TRAINER_KWARGS = {
+    "max_epochs": 1,
+    "limit_train_batches": 2,
+    "limit_val_batches": 2,
+    "limit_test_batches": 2,
+    "limit_predict_batches": 2,
+    "num_sanity_val_steps": 0,
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_model_summary": False,
+    "enable_progress_bar": False,
+    "accelerator": "cpu",
+    "devices": 1,
+}
+
+
+class CountingBackend:
+    """Runs the graphs eagerly, and counts the graphs it compiled and how often they ran."""
+
+    def __init__(self):
+        self.graphs = 0
+        self.calls = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+
+        def run(*args):
+            self.calls += 1
+            return gm.forward(*args)
+
+        return run
+
+    def __deepcopy__(self, memo):
+        return self  # Lightning keeps a deep copy of the arguments of `torch.compile`
+
+
+class GraphCallsPerStep(Callback):
+    """How many compiled graphs each batch of each stage ran (a step that ran no compiled code shows 0)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.calls = {}
+        self.wrapper_types = {}
+
+    def _start(self, trainer):
+        self._before = self.backend.calls
+        self.wrapper_types.setdefault(trainer.state.stage.value, type(trainer.strategy.model))
+
+    def _end(self, trainer):
+        self.calls.setdefault(trainer.state.stage.value, []).append(self.backend.calls - self._before)
+
+    def on_train_batch_start(self, trainer, *_):
+        self._start(trainer)
+
+    def on_train_batch_end(self, trainer, *_):
+        self._end(trainer)
+
+    on_validation_batch_start = on_test_batch_start = on_predict_batch_start = on_train_batch_start
+    on_validation_batch_end = on_test_batch_end = on_predict_batch_end = on_train_batch_end
+
+
+class IsCompilingInWrapperForward(Callback):
+    """Records, at each call of the strategy's model (the DDP wrapper while fitting), whether it runs compiled."""
+
+    def __init__(self, out=None):
+        self.seen = []
+        self.out = out
+
+    def on_fit_start(self, trainer, pl_module):
+        trainer.strategy.model.register_forward_pre_hook(lambda *_: self.seen.append(torch.compiler.is_compiling()))
+
+    def on_fit_end(self, trainer, pl_module):
+        if self.out is not None:  # from each process of `ddp_spawn`
+            (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
+def test_compiled_model_runs_every_step_compiled_after_the_strategy_wraps(tmp_path, strategy):
+    seed_everything(1)
+    eager_model = BoringModel()
+    Trainer(default_root_dir=tmp_path, strategy=strategy, **_TRAINER_KWARGS).fit(eager_model)
+
+    seed_everything(1)
+    model, backend = BoringModel(), CountingBackend()
+    calls = GraphCallsPerStep(backend)
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=[calls], **_TRAINER_KWARGS)
+    trainer.fit(torch.compile(model, backend=backend))
+    assert all(calls.calls["train"])
+    assert all(calls.calls["validate"])
+    if strategy == "ddp":
+        assert calls.wrapper_types["train"] is DistributedDataParallel  # compiled in place: Lightning's checks hold
+    for expected, actual in zip(eager_model.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(actual, expected)
+    # after the run the model is plain again: its own methods, nothing compiled left on it
+    assert model._compiler_ctx is None
+    assert "training_step" not in vars(model)
+    assert getattr(trainer.strategy.model, "_compiled_call_impl", None) is None
+    pickle.dumps(model)
+
+
+@RunIf(min_torch="2.9", dynamo=True, skip_windows=True)
+def test_the_wrapper_itself_runs_compiled(tmp_path):
+    """DDP's own forward (its pre- and post-forward) runs inside the compiled code, not only the step within it."""
+    probe = IsCompilingInWrapperForward()
+    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[probe], **kwargs)
+    trainer.fit(torch.compile(BoringModel(), backend="eager"))
+    assert probe.seen == [True, True]
+
+
+@RunIf(min_torch="2.9", dynamo=True, skip_windows=True)
+def test_the_wrapper_itself_runs_compiled_on_two_processes(tmp_path):
+    """As #20269's tests did on 2 GPUs: DDP over 2 processes (gloo on CPU), each compiled after the wrap."""
+    probe = IsCompilingInWrapperForward(out=tmp_path)
+    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0, "devices": 2}
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp_spawn", callbacks=[probe], **kwargs)
+    trainer.fit(torch.compile(BoringModel(), backend="eager"))
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert seen == [[True, True], [True, True]]
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+def test_each_step_compiles_once_across_stages(tmp_path):
+    model, backend = BoringModel(), CountingBackend()
+    compiled = torch.compile(model, backend=backend)
+    trainer = Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS)
+    trainer.fit(compiled)
+    assert backend.graphs == 2  # the training and the validation step
+    trainer.validate(compiled)
+    assert backend.graphs == 2  # the validation step compiled while fitting runs again, not recompiled
+    trainer.test(compiled)
+    trainer.predict(compiled)
+    assert backend.graphs == 4
+
+
+@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
+def test_each_step_compiles_once_across_stages_under_ddp(tmp_path):
+    backend = CountingBackend()
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", **_TRAINER_KWARGS)
+    compiled = torch.compile(BoringModel(), backend=backend)
+    trainer.fit(compiled)
+    fitted = backend.graphs
+    trainer.validate(compiled)
+    trainer.validate(compiled)
+    # fit compiles the wrapper's call (the training and validation steps through it); validate, without a wrapper,
+    # compiles the validation step once, and a second validate compiles nothing
+    assert backend.graphs == fitted + 1
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+def test_the_step_signature_is_kept(tmp_path):
+    class NoBatchIdx(BoringModel):
+        def training_step(self, batch):
+            return super().training_step(batch, 0)
+
+    model, backend = NoBatchIdx(), CountingBackend()
+    model.validation_step = None  # turns validation off
+    trainer = Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS)
+    trainer.fit(torch.compile(model, backend=backend))
+    assert backend.calls == 2
+    assert model.validation_step is None
+
+
+class LRFinderTrialCalls(BoringModel):
+    """Counts the compiled graphs each training batch ran: in the model, since the finder swaps the callbacks."""
+
+    def __init__(self, backend):
+        super().__init__()
+        self.backend = backend
+        self.calls = []
+        self.lr = 0.1  # the finder sets it
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    def on_train_batch_start(self, *_):
+        self._before = self.backend.calls
+
+    def on_train_batch_end(self, *_):
+        self.calls.append(self.backend.calls - self._before)
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
+def test_the_tuner_trials_run_compiled(tmp_path, strategy):
+    """The tuner's trials run in `on_fit_start`: they run compiled, as the training after them does."""
+    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0, "limit_train_batches": 8, "max_steps": 2}
+    backend = CountingBackend()
+    model = LRFinderTrialCalls(backend)
+    finder = LearningRateFinder(num_training_steps=4, early_stop_threshold=None)
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=[finder], **kwargs)
+    trainer.fit(torch.compile(model, backend=backend))
+    assert finder.optimal_lr is not None
+    assert len(model.calls) == 4 + 2  # the finder's trials, then the training
+    assert all(model.calls), model.calls  # every batch ran compiled graphs, the finder's too
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+def test_the_compiled_model_passed_in_still_works(tmp_path):
+    compiled = torch.compile(BoringModel(), backend="eager")
+    Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS).fit(compiled)
+    assert compiled(torch.randn(2, 32)).shape == (2, 2)
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+def test_sets_no_process_wide_state(tmp_path):
+    import torch._dynamo.config as dynamo_config
+
+    # torch's first `torch.compile` in a process sets TORCHINDUCTOR_CACHE_DIR to its default: do it before the snapshot
+    torch.compile(torch.nn.Linear(1, 1), backend="eager")(torch.ones(1, 1))
+    config_before, environ_before = dynamo_config.get_config_copy(), dict(os.environ)
+    Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS).fit(torch.compile(BoringModel(), backend="eager"))
+    assert dynamo_config.get_config_copy() == config_before
+    assert dict(os.environ) == environ_before
