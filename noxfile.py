@@ -22,7 +22,6 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "tests", "real_models", "wheel", "parity", "lightning_suite", "tests_torch"]
 
 ROOT = Path(__file__).parent
 TORCH = "torch==2.13.0"
@@ -36,8 +35,11 @@ LIGHTNING_MASTER = os.environ.get(
 
 
 #: The torch versions the behaviour suite also runs on, besides 2.13.0: the oldest supported, Lightning's CI torch, the
-#: newest this environment installs.
+#: newest this environment installs. CI runs the oldest and the newest (`CI_TORCH`): each leg is a 4 GB install.
 OTHER_TORCH = ("2.6.0", "2.9.1", "2.14.1")
+CI_TORCH = ("2.6.0", "2.14.1")
+CI_SESSIONS = ["lint", "tests", "real_models", "wheel", "parity", "lightning_suite"]
+nox.options.sessions = [*CI_SESSIONS, *(f"tests_torch(torch='{t}')" for t in CI_TORCH)]
 
 
 def discards_env(run: Callable[..., None]) -> Callable[..., None]:
@@ -159,7 +161,8 @@ def patches(session: nox.Session) -> None:
 def parity(session: nox.Session) -> None:
     """The behaviour suite against Lightning 2.6.6 built with patches/ applied, and without this package.
 
-    Also checks patches/ against the package (drift), and runs the series' own upstream-style tests.
+    Also checks patches/ against the package (drift), runs the series' own upstream-style tests, and each rung a
+    maintainer would merge against Lightning master and two mutants (`tools/upstream/rung_tests.py`).
     """
     session.install(TORCH)
     session.install(LIGHTNING[0], "pytest>=8", "pytest-xdist>=3.5", "pytest-timeout", "hypothesis", "pyyaml")
@@ -177,12 +180,17 @@ def parity(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *suite, env={"LCP_TARGET": "upstream"})
     harness = str(ROOT / "tools" / "upstream" / "harness")
     session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, "tools/upstream/tests", env={"PYTHONPATH": harness})
-    # the core stack alone (0001-0003 on Lightning master), as a maintainer may merge it: Lightning's tests of the
-    # helpers it changes, stock and with it, and the test files its patches add (a later rung once hid a bug of the
-    # core alone)
-    compile_tests = ("--tests", "tests_pytorch/utilities/test_compile.py")
+    # the rungs a maintainer would merge, each alone on Lightning master: their tests fail on master, pass with the
+    # rung, and fail on two mutants of the compile point (before the wrap; after the `on_fit_start` hooks)
     session.run(
-        "python", "tools/lightning_ci.py", "run", "--patches", "core", *compile_tests, "--lightning", LIGHTNING_MASTER
+        "python",
+        "tools/upstream/rung_tests.py",
+        "--lightning",
+        LIGHTNING_MASTER,
+        "--workers",
+        PYTEST_WORKERS,
+        "--table",
+        str(ROOT / ".nox" / "rung_tests.md"),
     )
 
 

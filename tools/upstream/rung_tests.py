@@ -7,7 +7,8 @@ in ``tools/upstream/series.py``). They run on Lightning master:
 
 * ``master``: no patch, only the test files copied in. Each file must fail: a test file that passes on master tests
   nothing its rung changes;
-* each rung's files with the patches up to it (the three fixes together): they must pass;
+* each rung's files with the patches up to it (the three fixes together): they must pass, and so must Lightning's own
+  ``utilities/test_compile.py`` with the re-apply, whose two assertions of the old placement it changes;
 * the re-apply's and ``use_compile``'s files on two mutants of the ladder up to ``use_compile``, which each file must
   fail:
   ``compiles before the wrap`` (the connector compiles the LightningModule's steps, never the wrapper: master's
@@ -39,6 +40,8 @@ import lightning_ci  # noqa: E402
 from upstream.series import REAPPLY, USE_COMPILE, series  # noqa: E402
 
 CONNECTOR = "src/lightning/pytorch/trainer/connectors/compile_connector.py"
+#: Lightning's own tests of its compile helpers, which the re-apply changes (two assertions of the old placement).
+LIGHTNING_COMPILE_TESTS = "tests_pytorch/utilities/test_compile.py"
 TRAINER = "src/lightning/pytorch/trainer/trainer.py"
 _COMPILE_CALL = "        self._compile_connector.compile()\n"
 _COMPILE_COMMENT = (
@@ -71,12 +74,14 @@ class Target:
     files: list[str]
     must_fail: bool
     mutant: str = ""
+    #: Lightning's own test files that the rung changes, run with its own, and which must pass there too.
+    also: tuple[str, ...] = ()
     results: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
     def by_file(self) -> dict[str, list[str]]:
         """What each test file's tests did."""
-        return {f: [r for t, r in self.results.items() if t.split("::")[0] == f] for f in self.files}
+        return {f: [r for t, r in self.results.items() if t.split("::")[0] == f] for f in (*self.files, *self.also)}
 
     @property
     def ok(self) -> bool:
@@ -110,7 +115,7 @@ def run_target(args: argparse.Namespace, base: Path, tmp: Path, target: Target, 
         mutate(tree, target.mutant)
     options = argparse.Namespace(**{**vars(args), "pytest_args": ["-q"]})
     started = time.monotonic()
-    lightning_ci.pytest(options, tree, target.files, tmp / tree.name)
+    lightning_ci.pytest(options, tree, [*target.files, *target.also], tmp / tree.name)
     target.seconds = time.monotonic() - started
     outcome = lightning_ci.Outcome(target.name, [])
     if (tmp / f"{tree.name}.xml").exists():
@@ -130,7 +135,7 @@ def targets() -> list[Target]:
     return [
         Target("master", 0, [f for patch in core for f in files[patch.subject]], must_fail=True),
         Target("the fixes", reapply - 1, fixes, must_fail=False),
-        Target("re-apply", reapply, files[REAPPLY.subject], must_fail=False),
+        Target("re-apply", reapply, files[REAPPLY.subject], must_fail=False, also=(LIGHTNING_COMPILE_TESTS,)),
         Target("use_compile", use_compile, files[USE_COMPILE.subject], must_fail=False),
         *(Target(f"use_compile, {m}", use_compile, compiling, must_fail=True, mutant=m) for m in MUTANTS),
     ]

@@ -47,7 +47,7 @@ def test_every_trainer_of_a_sweep_compiles_every_step(tmp_path, strategy):
         trainer = Trainer(
             default_root_dir=tmp_path,
             strategy=strategy,
-            use_compile={"backend": backend},
+            use_compile={"backend": backend, "compile_budget": True},
             max_steps=2,
             limit_val_batches=0,
             logger=False,

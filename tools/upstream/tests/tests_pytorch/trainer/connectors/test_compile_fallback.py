@@ -40,7 +40,9 @@ def exploding_backend(gm, example_inputs):
 def test_compile_error_names_the_run(tmp_path):
     model = BoringModel()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": exploding_backend}, **_TRAINER_KWARGS)
+    trainer = Trainer(
+        default_root_dir=tmp_path, use_compile={"backend": exploding_backend, "compile_errors": True}, **_TRAINER_KWARGS
+    )
     with pytest.raises(RuntimeError, match=r"could not compile the fit step .* under SingleDeviceStrategy") as error:
         trainer.fit(model)
     assert "'fallback': 'eager'" in str(error.value)
@@ -89,6 +91,8 @@ class _BackwardTwice(BoringModel):
 @RunIf(min_torch="2.13", dynamo=True)
 def test_manual_optimization_keeps_the_lazy_backward(tmp_path):
     # a backward compiled with the forward donates its buffers, and then refuses the second backward of the step
-    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "aot_eager"}, **_TRAINER_KWARGS)
+    trainer = Trainer(
+        default_root_dir=tmp_path, use_compile={"backend": "aot_eager", "compile_errors": True}, **_TRAINER_KWARGS
+    )
     trainer.fit(_BackwardTwice())
     assert trainer.global_step == 2

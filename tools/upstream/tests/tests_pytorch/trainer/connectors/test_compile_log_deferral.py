@@ -36,7 +36,7 @@ def test_log_under_use_compile_keeps_one_graph(tmp_path):
     counters.clear()
     trainer = Trainer(
         default_root_dir=tmp_path,
-        use_compile={"backend": "eager", "fullgraph": True},
+        use_compile={"backend": "eager", "fullgraph": True, "defer_logging": True},
         max_steps=2,
         limit_val_batches=0,
         logger=False,

@@ -60,7 +60,7 @@ def _fit(tmp_path, backend, steps):
     seed_everything(1)
     trainer = Trainer(
         default_root_dir=tmp_path,
-        use_compile={"backend": backend},
+        use_compile={"backend": backend, "eager_metrics": True},
         max_epochs=1,
         limit_train_batches=steps,
         limit_val_batches=steps,

@@ -37,7 +37,7 @@ _TRAINER_KWARGS = {
 @RunIf(dynamo=True)
 def test_run_summary_is_logged(tmp_path, caplog):
     torch._dynamo.reset()
-    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS)
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager", "summary": True}, **_TRAINER_KWARGS)
     with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
         trainer.fit(BoringModel())
     assert "compiling the first training step" in caplog.text
@@ -60,7 +60,7 @@ def test_recompile_limit_hit_warns(tmp_path):
     limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
     trainer = Trainer(
         default_root_dir=tmp_path,
-        use_compile={"backend": "eager", "dynamic": False},
+        use_compile={"backend": "eager", "dynamic": False, "summary": True},
         **{**_TRAINER_KWARGS, "max_steps": 4},
     )
     # `config.patch`, not `monkeypatch.setattr`: Dynamo's config module does not take an attribute set back that way
