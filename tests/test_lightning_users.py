@@ -276,3 +276,38 @@ def test_a_metric_named_by_the_stage_gets_the_name_and_value_eager_gives_it_in_e
         torch.testing.assert_close([v for _, v in names], [v for _, v in expected_names])
     assert compiled_and_eager(trainer)[1] == {}
     assert type(trainer.state).__name__ == "TrainerState"  # the state's own class again after the run
+
+
+class IndexedWithNumpy(BoringModel):
+    """Steps that pick output columns with a numpy array, as tabular and time-series libraries do."""
+
+    COLUMNS = __import__("numpy").array([1, 0, 1])
+
+    def test_step(self, batch, batch_idx):
+        self.log("picked", self(batch)[:, self.COLUMNS].sum())
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch)[:, self.COLUMNS]
+
+
+def predict_and_test(use_compile):
+    seed_everything(11)
+    trainer = Trainer(use_compile=use_compile, limit_test_batches=3, limit_predict_batches=3, **QUIET)
+    model = IndexedWithNumpy()
+    predictions = trainer.predict(model)
+    counts = [compiled_and_eager(trainer)] if use_compile else []
+    tested = trainer.test(model, verbose=False)
+    counts += [compiled_and_eager(trainer)] if use_compile else []
+    assert trainer.predict_loop.inference_mode  # the user's setting again
+    assert trainer.test_loop.inference_mode
+    return predictions, tested, counts
+
+
+def test_predict_and_test_run_compiled_and_give_eagers_values_where_inference_mode_fails_in_dynamo():
+    eager_predictions, eager_tested, _ = predict_and_test(None)
+    # under `torch.inference_mode`, Dynamo raised "Guard failed on the same frame it was created ... dispatch key set
+    # mismatch" in both steps
+    predictions, tested, counts = predict_and_test(AOT_EAGER)
+    torch.testing.assert_close(predictions, eager_predictions)
+    assert tested == eager_tested
+    assert counts == [({"evaluation": 3}, {})] * 2

@@ -194,9 +194,11 @@ class _CompileConnector:
             self.features = [feature(self.options) for feature in _feature_classes()]  # with their defaults
         self.given = given
         # fit validates under `torch.no_grad`; under `torch.inference_mode` (whose tensors have other dispatch keys),
-        # `validate` would compile the validation step a second time
-        if self.trainer.validate_loop.inference_mode:
-            self.replace(self.trainer.validate_loop, "inference_mode", False, scope="run")
+        # `validate` would compile the validation step a second time, and Dynamo fails on a step that indexes with a
+        # numpy array ("Guard failed on the same frame it was created"): every evaluation loop runs under `no_grad`
+        for loop in (self.trainer.validate_loop, self.trainer.test_loop, self.trainer.predict_loop):
+            if loop.inference_mode:
+                self.replace(loop, "inference_mode", False, scope="run")
         if model._compiler_ctx is not None:
             to_uncompiled(model)  # compiled by hand with `from_compiled`: compile once, after the wrap
         self._active = list(self.features)
