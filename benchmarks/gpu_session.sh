@@ -6,7 +6,10 @@
 # It uses the machine's own torch and Lightning (src/ on PYTHONPATH) and writes under OUT the log of each part, the
 # benchmark JSON and Markdown, and the profiles. Each part has its own time limit; a failing part does not stop the next.
 #
-#  1. bench.py, cuda mode: DDP world size 1, stock against use_compile; then one device, whole against regional.
+#  1. after_the_wrap.py: a compiled model under DDP, stock Lightning (steps compiled before the wrap) against compiled
+#     again after the wrap: what runs in the graph, graphs and breaks, the steady step; on one GPU, and on two where
+#     the machine has them (then in place of regions_hf, to stay within the limit). Then bench.py: one device, whole
+#     against regional.
 #  2. docs/repros/regions_gpu_probe.py --profile: whole against regional in a plain loop, profiled, and both again
 #     under CUDA graphs (mode="reduce-overhead"): is the regional gap host overhead or GPU work?
 #  3. The seed script on CUDA (NCCL, compiled autograd), both ways.
@@ -29,8 +32,13 @@ part() {  # part NAME SECONDS COMMAND...: runs COMMAND with a time limit, its ou
 
 python -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
 NOTE="Run by benchmarks/gpu_session.sh on the device machine's own software."
-part bench_ddp 125 python benchmarks/bench.py --mode cuda --strategies ddp --paths stock,whole --steps 25 \
-    --out "$OUT/bench_ddp" --note "$NOTE"
+part after_the_wrap_1gpu 125 python benchmarks/after_the_wrap.py --accelerator cuda --devices 1 --steps 40 \
+    --out "$OUT/after_the_wrap_1gpu"
+GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
+if [ "$GPUS" -ge 2 ]; then
+    part after_the_wrap_2gpu 90 python benchmarks/after_the_wrap.py --accelerator cuda --devices 2 --steps 40 \
+        --out "$OUT/after_the_wrap_2gpu"
+fi
 part bench_regional 120 python benchmarks/bench.py --mode cuda --strategies auto --paths whole,regional --steps 25 \
     --out "$OUT/bench_regional" --note "$NOTE"
 part probe 90 python docs/repros/regions_gpu_probe.py --steps 12 --profile "$OUT/profile" \
@@ -42,7 +50,7 @@ if python -c "import pytest" 2>/dev/null; then
 else
     echo "leak_test: skipped, no pytest on this machine" | tee -a "$OUT/parts.txt"
 fi
-if python -c "import transformers" 2>/dev/null; then
+if [ "$GPUS" -lt 2 ] && python -c "import transformers" 2>/dev/null; then
     part regions_hf 90 python benchmarks/regions_hf.py --layers 32 --steps 10 --accelerator cuda --out "$OUT/regions_hf"
 else
     echo "regions_hf: skipped, no transformers on this machine" | tee -a "$OUT/parts.txt"

@@ -1,7 +1,11 @@
-"""LightningCLI sees `use_compile`: on the command line, in YAML configs, in `--help` and in `--print_config`."""
+"""LightningCLI sees `use_compile`: on the command line, in YAML configs, in `--help` and in `--print_config`.
+
+Every option arrives equal, compared by value, from a literal, JSON, YAML, the command line and the environment.
+"""
 
 import contextlib
 import io
+import json
 
 import pytest
 import torch
@@ -10,7 +14,8 @@ import torch._inductor.compile_fx
 import yaml
 from torch.utils.data import DataLoader
 
-from helpers import CountingBackend, LoggingModel, feature, last_summary
+from helpers import CountingBackend, LoggingModel, connector_module, feature, last_summary
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import RandomDataset
 
@@ -161,3 +166,82 @@ def test_print_config_round_trip(tmp_path, capsys, counting):
     # and `fullgraph=True`: a step with a graph break fails to compile, where it would otherwise run in two graphs
     with pytest.raises(RuntimeError, match=r"could not compile.*graph_break"):
         cli("fit", "--config", str(config), *FIT_ARGS, run=True, model=GraphBreak)
+
+
+#: A representative value of each `use_compile` key: every feature's keys (discovered below), and `torch.compile`'s.
+OPTION_VALUES = {
+    # the package's defaults, turned off: a `false` from JSON, YAML or the command line must arrive as `False`
+    **dict.fromkeys(
+        ["summary", "compile_errors", "defer_logging", "eager_metrics", "dynamic_loop_counters", "compile_budget"], False
+    ),
+    "stage_guards": False,
+    "no_grad_evaluation": False,
+    "fallback": "eager",
+    "regions": ["Linear"],
+    "optimize_ddp": "python_reducer",
+    "cache": "lcp-cli-cache",
+    "cache_shared": True,
+    "compiled_autograd": {"backend": "aot_eager"},
+    "backend": "aot_eager",
+    "mode": "max-autotune-no-cudagraphs",
+    "dynamic": False,
+    "fullgraph": True,
+    "options": {"max_autotune": False},
+    "disable": False,
+}
+
+
+def feature_keys():
+    return [key for feature_class in connector_module()._feature_classes() for key in feature_class.keys]
+
+
+def test_every_feature_key_has_a_value_in_the_paths_test():
+    assert set(feature_keys()) <= set(OPTION_VALUES), "add a representative value for the new key to OPTION_VALUES"
+
+
+def literal(value, tmp_path, monkeypatch):
+    return Trainer(use_compile=value, logger=False)
+
+
+def from_json(value, tmp_path, monkeypatch):
+    return Trainer(use_compile=json.loads(json.dumps(value)), logger=False)
+
+
+def yaml_config(value, tmp_path, monkeypatch):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"trainer": {"use_compile": value}}))
+    return cli("--config", str(config)).trainer
+
+
+def command_line(value, tmp_path, monkeypatch):
+    return cli(f"--trainer.use_compile={json.dumps(value)}").trainer
+
+
+def cli_environment(value, tmp_path, monkeypatch):
+    monkeypatch.setenv("PL_TRAINER__USE_COMPILE", json.dumps(value))
+    env = {"default_env": True}
+    return LightningCLI(LoggingModel, args=[], run=False, save_config_callback=None, parser_kwargs=env)
+
+
+def trainer_environment(value, tmp_path, monkeypatch):
+    monkeypatch.setenv("PL_TRAINER_USE_COMPILE", repr(value))  # Lightning reads it with `ast.literal_eval`
+    return Trainer(logger=False)
+
+
+PATHS = [literal, from_json, yaml_config, command_line, cli_environment, trainer_environment]
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda path: path.__name__)
+@pytest.mark.parametrize("value", [True, *({key: value} for key, value in OPTION_VALUES.items())], ids=repr)
+def test_every_option_arrives_equal_however_it_is_given(value, path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    expected = literal(value, tmp_path, monkeypatch)._compile_connector
+    given = path(value, tmp_path, monkeypatch)
+    connector = (given.trainer if isinstance(given, LightningCLI) else given)._compile_connector
+    assert connector.use_compile == value
+    assert (connector.options.torch_kwargs, connector.options.keys) == (
+        expected.options.torch_kwargs,
+        expected.options.keys,
+    )
+    # and each feature read it as it reads the literal
+    assert [vars(feature) for feature in connector.features] == [vars(feature) for feature in expected.features]

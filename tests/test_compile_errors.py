@@ -141,3 +141,63 @@ def test_fallback_eager_is_taken_by_value_however_it_arrives(source):
 def test_an_unsupported_fallback_names_the_choices():
     with pytest.raises(ValueError, match=r"'fallback': 'eagre'.*pass 'eager'"):
         Trainer(use_compile={"fallback": "eagre"}, **QUIET)
+
+
+class WrappedTypeError(LoggingModel):
+    """A step with a call that raises `TypeError`, which Dynamo turns into an error of its own while it traces.
+
+    With `caught`, the step handles it, as libraries built on Lightning do around optional inputs.
+    """
+
+    CALLS = {
+        "torch_op": lambda batch: batch + "a",  # raised by the op on fake tensors: `TorchRuntimeError`
+        "builtin": lambda batch: isinstance(batch, list[int]),  # evaluated by Dynamo: `InternalTorchDynamoError`
+    }
+
+    def __init__(self, call, caught):
+        super().__init__()
+        self.call, self.caught = self.CALLS[call], caught
+
+    def training_step(self, batch, batch_idx):
+        try:
+            self.call(batch)
+        except TypeError:
+            if not self.caught:
+                raise
+            batch = 2 * batch
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("call", ["torch_op", "builtin"])
+def test_a_type_error_that_dynamo_wraps_reaches_the_users_handler_and_says_how_to_run_the_step_as_written(call):
+    for caught in (False, True):
+        model = WrappedTypeError(call, caught)
+        # the user's `except TypeError` around the run: Dynamo's `TorchRuntimeError` or `InternalTorchDynamoError`
+        # went past it
+        with pytest.raises(TypeError, match=r"could not compile the fit step.*raised `TypeError:.*'fallback': 'eager'"):
+            trainer("auto", {"backend": "aot_eager"}).fit(model)
+        assert leftovers(model) == []
+
+
+class IndexedWithNumpy(LoggingModel):
+    COLUMNS = __import__("numpy").array([1, 0, 1])
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch)[:, self.COLUMNS]
+
+
+def test_fallback_eager_covers_an_error_raised_in_dynamos_own_code():
+    # `trainer.predict` inside the user's own `torch.inference_mode()`: Dynamo raises a plain `AssertionError`
+    # ("Guard failed on the same frame it was created"), which is none of its exception classes
+    def predict(use_compile):
+        seed_everything(0)
+        run = Trainer(use_compile=use_compile, limit_predict_batches=3, **QUIET)
+        with torch.inference_mode():
+            return run.predict(IndexedWithNumpy())
+
+    eager = predict(None)
+    with pytest.raises(RuntimeError, match=r"could not compile the predict step.*AssertionError: Guard failed"):
+        predict({"backend": "aot_eager"})
+    with pytest.warns(UserWarning, match=r"AssertionError: Guard failed.*continues uncompiled"):
+        compiled = predict({"backend": "aot_eager", "fallback": "eager"})
+    torch.testing.assert_close(compiled, eager)

@@ -222,3 +222,92 @@ def test_step_accounting_takes_code_objects_that_cannot_be_hashed():
         hash(unhashable)
     assert not run_summary._contains({code}, unhashable)
     assert run_summary._contains([code, unhashable], unhashable)
+
+
+class NamedByStage(BoringModel):
+    """The metric name picked from a dict keyed by the Trainer's stage and function, as libraries built on Lightning do.
+
+    ReduceLROnPlateau watches the name that fit's validation logs, `val_loss`.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def validation_step(self, batch, batch_idx):
+        loss = self.step(batch)
+        from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+
+        stage = {RunningStage.SANITY_CHECKING: "sanity_check", RunningStage.VALIDATING: "val"}[self.trainer.state.stage]
+        fn = {TrainerFn.FITTING: "", TrainerFn.VALIDATING: "validate_"}[self.trainer.state.fn]
+        self.log(f"{fn}{stage}_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        # patience 0 and a threshold no loss beats: the LR halves after every validation, if it sees `val_loss`
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0, threshold=10.0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+
+    def on_validation_epoch_end(self):
+        metrics = self.trainer.callback_metrics
+        lr = self.trainer.optimizers[0].param_groups[0]["lr"] if self.trainer.optimizers else None
+        self.seen.append((sorted((k, v.item()) for k, v in metrics.items() if k.endswith("loss")), lr))
+
+
+def run_named_by_stage(use_compile):
+    seed_everything(7)
+    model = NamedByStage()
+    steps = {"limit_train_batches": 2, "limit_val_batches": 2, "num_sanity_val_steps": 2}
+    trainer = Trainer(use_compile=use_compile, max_epochs=4, **steps, **QUIET)
+    trainer.fit(model)
+    trainer.validate(model)
+    return trainer, model.seen
+
+
+def test_a_metric_named_by_the_stage_gets_the_name_and_value_eager_gives_it_in_every_stage():
+    _, eager = run_named_by_stage(None)
+    # the sanity check's trace ran in every later validation: `sanity_check_loss` each epoch, no `val_loss`, and the
+    # scheduler that watches it failed
+    trainer, compiled = run_named_by_stage(AOT_EAGER)
+    assert [[name for name, _ in names] for names, _ in compiled] == [[name for name, _ in names] for names, _ in eager]
+    for (names, lr), (expected_names, expected_lr) in zip(compiled, eager, strict=True):
+        assert lr == expected_lr  # ReduceLROnPlateau stepped on `val_loss` as in eager
+        torch.testing.assert_close([v for _, v in names], [v for _, v in expected_names])
+    assert compiled_and_eager(trainer)[1] == {}
+    assert type(trainer.state).__name__ == "TrainerState"  # the state's own class again after the run
+
+
+class IndexedWithNumpy(BoringModel):
+    """Steps that pick output columns with a numpy array, as tabular and time-series libraries do."""
+
+    COLUMNS = __import__("numpy").array([1, 0, 1])
+
+    def test_step(self, batch, batch_idx):
+        self.log("picked", self(batch)[:, self.COLUMNS].sum())
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch)[:, self.COLUMNS]
+
+
+def predict_and_test(use_compile):
+    seed_everything(11)
+    trainer = Trainer(use_compile=use_compile, limit_test_batches=3, limit_predict_batches=3, **QUIET)
+    model = IndexedWithNumpy()
+    predictions = trainer.predict(model)
+    counts = [compiled_and_eager(trainer)] if use_compile else []
+    tested = trainer.test(model, verbose=False)
+    counts += [compiled_and_eager(trainer)] if use_compile else []
+    assert trainer.predict_loop.inference_mode  # the user's setting again
+    assert trainer.test_loop.inference_mode
+    return predictions, tested, counts
+
+
+def test_predict_and_test_run_compiled_and_give_eagers_values_where_inference_mode_fails_in_dynamo():
+    eager_predictions, eager_tested, _ = predict_and_test(None)
+    # under `torch.inference_mode`, Dynamo raised "Guard failed on the same frame it was created ... dispatch key set
+    # mismatch" in both steps
+    predictions, tested, counts = predict_and_test(AOT_EAGER)
+    torch.testing.assert_close(predictions, eager_predictions)
+    assert tested == eager_tested
+    assert counts == [({"evaluation": 3}, {})] * 2

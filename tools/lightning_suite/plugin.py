@@ -19,6 +19,7 @@ with, per ``fit``/``validate``/``test``/``predict`` called in the test's own pro
 
 import functools
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -99,6 +100,18 @@ def _defaulting(init: Callable[..., Any], value: Any) -> Callable[..., Any]:
     return default_use_compile
 
 
+def _configure_as_the_package() -> None:
+    """A patched Lightning with the package's features on for every ``use_compile``, read from the package's file."""
+    defaults = Path(__file__).resolve().parents[2] / "src/lightning_compile_patch/_monkeypatch/feature_defaults.py"
+    spec = importlib.util.spec_from_file_location("_lcp_feature_defaults", defaults)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    connector = importlib.import_module(f"{FLAVOUR}.trainer.connectors.compile_connector")
+    connector._CompileConnector.defaults = module.FEATURE_DEFAULTS
+
+
 def _install() -> None:
     if MODE not in ("stock", "imported", "compiled"):
         raise pytest.UsageError(f"LCP_SUITE_MODE must be stock, imported or compiled, got {MODE!r}")
@@ -108,6 +121,8 @@ def _install() -> None:
         return
     if TARGET == "package":
         importlib.import_module("lightning_compile_patch")
+    else:
+        _configure_as_the_package()
     trainer_cls = importlib.import_module(f"{FLAVOUR}.trainer.trainer").Trainer
     if "use_compile" not in inspect.signature(trainer_cls.__init__).parameters:
         raise pytest.UsageError(f"{FLAVOUR}.Trainer does not take `use_compile` (target {TARGET})")

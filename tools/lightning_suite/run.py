@@ -42,6 +42,8 @@ MODES: dict[str, tuple[str, Optional[str]]] = {
     "imported": ("imported", None),
     "false": ("compiled", "false"),
     "compiled": ("compiled", '{"backend": "aot_eager"}'),
+    # as users run it: one long process per worker, Dynamo's caches and budgets kept from test to test
+    "compiled_no_reset": ("compiled", '{"backend": "aot_eager"}'),
     "regions": ("compiled", '{"backend": "aot_eager", "regions": "auto"}'),
     "inductor": ("compiled", "true"),
 }
@@ -160,6 +162,8 @@ def run_mode(name: str, tree: Path, work: Path, args: argparse.Namespace, extra:
     }
     if value is not None:
         env["LCP_SUITE_COMPILE"] = value
+    if name.endswith("_no_reset"):
+        env["LCP_SUITE_DYNAMO_RESET"] = "0"
     workers = ("-n", args.workers) if args.workers != "0" else ()
     timeout = (f"--timeout={args.timeout}",) if args.timeout else ()
     selection = SELECTIONS.get(args.selection, tuple(args.selection.split(",")))

@@ -18,6 +18,8 @@ FEATURE_DEFAULTS = types.MappingProxyType(
         "eager_metrics": True,  # torchmetrics outside the graph
         "dynamic_loop_counters": True,  # `current_epoch` and `global_step` do not recompile the step
         "compile_budget": True,  # each Trainer's runs get their own recompile budget (sweeps in one process)
+        "stage_guards": True,  # a step that reads `trainer.state` compiles once per stage (an Enum key is unguarded)
+        "no_grad_evaluation": True,  # test and predict under `no_grad` (Dynamo fails on some inference-mode steps)
         "optimize_ddp": "auto",  # DDP's graph split only with more than one process
     }
 )

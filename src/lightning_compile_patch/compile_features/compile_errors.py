@@ -11,12 +11,21 @@
   two optimizers stepped from one loss), which a backward compiled with the forward refuses (it donates the buffers it
   saves), so there the backward stays lazy, as torch compiles it by default. On torch before 2.13, an error of the
   backward is named the same way, from the strategy's ``backward``.
+* An error of the step's own code that Dynamo wraps: a ``TypeError`` raised by a torch op on fake tensors, or by a
+  builtin that Dynamo evaluates while it traces (``isinstance(x, list[int])``), reaches the user as Dynamo's
+  ``TorchRuntimeError`` or ``InternalTorchDynamoError``, which an ``except TypeError`` in the step or around
+  ``trainer.fit`` does not catch. The named error is then also of the original type, and says how to run the step as
+  written (``fallback="eager"``, or ``torch.compiler.disable`` around the call). An error raised in Dynamo's own code
+  that is not one of Dynamo's exceptions (an ``AssertionError`` such as "Guard failed on the same frame it was
+  created") is a compile error too, which ``fallback="eager"`` catches.
 * The next run: when a compiled step raises (a bad batch, a failed assert), Dynamo marks the code it was compiling
   "skip" for the rest of the process, and every later run of the step would be eager. When a run fails, the code
   objects that Dynamo converted during that run, and only those, are reset, so the next run compiles again.
 
 """
 
+import os
+import traceback
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -36,6 +45,37 @@ COMPILE_ERRORS = tuple(
     for error in (torch._dynamo.exc.TorchDynamoException, getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None))
     if error is not None
 )
+
+
+#: Where Dynamo's own Python code lives: an exception raised there is a failure to compile, whatever its type.
+_DYNAMO_DIR = os.path.dirname(torch._dynamo.__file__) + os.sep
+
+
+def is_compile_error(error: BaseException) -> bool:
+    """Whether ``error`` is a failure of torch to compile: one of Dynamo's errors, or raised in Dynamo's own code."""
+    if isinstance(error, COMPILE_ERRORS):
+        return True
+    if not isinstance(error, Exception):
+        return False  # KeyboardInterrupt, SystemExit: the user's, wherever they arrive
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(_DYNAMO_DIR)
+
+
+def user_error(error: BaseException) -> Optional[BaseException]:
+    """The error of a call the step makes that Dynamo turned into its own (a ``TypeError`` of a torch op), if any.
+
+    Dynamo raises ``TorchRuntimeError`` (an op on fake tensors raised) or ``InternalTorchDynamoError`` (a builtin it
+    evaluated raised) while handling that error: it is the first error in the chain whose type is not torch's.
+
+    """
+    if not isinstance(error, (torch._dynamo.exc.TorchRuntimeError, torch._dynamo.exc.InternalTorchDynamoError)):
+        return None
+    cause = error.__cause__ or error.__context__
+    while cause is not None:
+        if type(cause).__module__.partition(".")[0] != "torch" and isinstance(cause, Exception):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 class _CompileErrors(_CompileFeature):
@@ -62,10 +102,10 @@ class _CompileErrors(_CompileFeature):
         def run(*args: Any, **kwargs: Any) -> Any:
             try:
                 return compiled(*args, **kwargs)
-            except COMPILE_ERRORS as error:
-                connector.uncompile()
-                raise RuntimeError(failure_message(connector, error, fallback=False)) from error
             except Exception as error:
+                if is_compile_error(error):
+                    connector.uncompile()
+                    raise named_error(connector, error) from error
                 if hasattr(error, "add_note"):  # Python 3.11+
                     error.add_note(f"(raised in the {describe_run(connector)})")
                 raise
@@ -116,6 +156,35 @@ def _short(value: Any) -> str:
     if callable(value):
         return getattr(value, "__name__", type(value).__name__)
     return repr(value)
+
+
+def named_error(connector: _CompileConnector, error: BaseException) -> Exception:
+    """The error that stops the run: a ``RuntimeError`` naming it, and of the type of the user's error it wraps, if any.
+
+    A ``TypeError`` of the step's own code stays a ``TypeError`` to the user's handlers (as a subclass of both), with
+    the message of what failed and how to run the step as written.
+
+    """
+    cause = user_error(error)
+    if cause is None or type(cause) is RuntimeError:
+        return RuntimeError(failure_message(connector, error, fallback=False))
+    kind = type(cause)
+    said = str(cause).strip().split("\n\n")[0].replace("\n", " ")  # without what Dynamo appended
+    message = (
+        f"`use_compile` could not compile the {describe_run(connector)}: a call in the step raised `{kind.__name__}:"
+        f" {said}` while Dynamo traced it, and Dynamo turned it into its own `{type(error).__name__}`, which an"
+        f" `except {kind.__name__}` in the step does not catch (it is raised here as a `{kind.__name__}`). Every module"
+        " is left uncompiled. To run the step as written, pass `'fallback': 'eager'` in `use_compile` (it continues"
+        " uncompiled, with a warning), or wrap the call that raises in `torch.compiler.disable`."
+    )
+    bases = (kind,) if issubclass(kind, RuntimeError) else (RuntimeError, kind)
+    try:
+        named = type(f"UseCompile{kind.__name__}", bases, {"__module__": __name__})
+        instance = named.__new__(named, message)
+        instance.args = (message,)
+    except Exception:  # a layout that does not combine with RuntimeError's, or a class that refuses a message
+        return RuntimeError(message)
+    return instance
 
 
 def failure_message(connector: _CompileConnector, error: BaseException, fallback: bool) -> str:

@@ -3,6 +3,9 @@
 Without it, a compile error stops the run with an error that names it (``compile_errors.py``). With it, the compiled
 call that raised a compile error is run again eagerly, every module is uncompiled, and every later step of the run
 runs eagerly too (the run summary counts them as eager, with the cause "fallback"). The next run compiles again.
+A compile error is one of Dynamo's errors (an error of the step's own code that Dynamo wrapped among them, such as a
+``TypeError`` of a torch op on fake tensors: the eager step then raises it, or handles it, as written), or any error
+raised in Dynamo's own code (``compile_errors.is_compile_error``).
 
 """
 
@@ -10,7 +13,7 @@ from typing import Any, Callable
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
-from lightning_compile_patch.compile_features.compile_errors import COMPILE_ERRORS, failure_message
+from lightning_compile_patch.compile_features.compile_errors import failure_message, is_compile_error
 
 _CHOICES = (None, "eager")
 
@@ -43,7 +46,9 @@ class _Fallback(_CompileFeature):
                 return original(*args, **kwargs)
             try:
                 return compiled(*args, **kwargs)
-            except COMPILE_ERRORS as error:
+            except Exception as error:
+                if not is_compile_error(error):  # the step's own error: the eager step would raise it too
+                    raise
                 message = failure_message(connector, error, fallback=True)
                 rank_zero_warn(f"{message} It continues uncompiled (`fallback='eager'`).")
                 self.fell_back = True

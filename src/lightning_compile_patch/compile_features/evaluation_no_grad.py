@@ -1,0 +1,30 @@
+"""``test`` and ``predict`` run under ``torch.no_grad`` while compiling, rather than ``torch.inference_mode``.
+
+Dynamo fails on some steps under ``inference_mode`` that run under ``no_grad``: a step that indexes a tensor with a
+numpy array raises ``Guard failed on the same frame it was created`` (a dispatch-key mismatch of inference tensors;
+torch 2.13, ``docs/repros/inference_mode_numpy_index.py``). ``validate`` runs under ``no_grad`` while compiling already
+(the core: it shares its compiled step with fit's validation). Gradients are off either way, so the values are the
+same; what ``inference_mode`` adds is that the outputs cannot be used in autograd later.
+
+"""
+
+from typing import Any
+
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+
+
+class _EvaluationNoGrad(_CompileFeature):
+    """For the run, the test and predict loops run under ``torch.no_grad``."""
+
+    keys = {"no_grad_evaluation": "True: test and predict run under `torch.no_grad` while compiling"}
+
+    def __init__(self, options: _CompileOptions) -> None:
+        _flag(options, "no_grad_evaluation")
+
+    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+        for loop in (connector.trainer.test_loop, connector.trainer.predict_loop):
+            if loop.inference_mode:
+                connector.replace(loop, "inference_mode", False, scope="run")
+
+
+FEATURE = _EvaluationNoGrad

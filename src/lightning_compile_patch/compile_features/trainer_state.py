@@ -1,0 +1,87 @@
+"""A trace made in one stage never runs in another: compiled steps are keyed on the Trainer's stage and function.
+
+A step that picks a value by the stage, such as a metric name from a dict keyed by ``self.trainer.state.stage``
+(``{RunningStage.SANITY_CHECKING: "sanity_check_loss", RunningStage.VALIDATING: "val_loss"}[...]``), reads an Enum that
+Dynamo uses as a dict key without a guard on it (torch 2.13; ``docs/repros/enum_dict_key_guard.py``). The validation
+step's trace made during the sanity check then ran in every later validation epoch, and logged ``sanity_check_loss``
+instead of ``val_loss``: ReduceLROnPlateau, EarlyStopping and ModelCheckpoint on ``val_loss`` never saw it. The same
+holds for ``trainer.state.fn``, which differs between fit's validation and ``validate``.
+
+Dynamo does guard the type of every object a step reads an attribute of. So for the run, ``trainer.state`` takes a
+class of its own for each pair of ``fn`` and ``stage`` (a subclass of ``TrainerState``, switched whenever Lightning
+sets either): a step that reads ``trainer.state`` compiles once per stage it runs in, and a step that does not read it
+compiles as before. The values stay where they are, the state compares, prints and pickles as a ``TrainerState``, and
+its class is put back when the run ends.
+
+"""
+
+from typing import Any, Optional
+
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerState
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+
+_KEYED = ("fn", "stage")
+
+
+class _KeyedTrainerState(TrainerState):
+    """``TrainerState`` whose class names its ``fn`` and ``stage``: the type guard of a compiled step keys on them."""
+
+    def _rekey(self) -> None:
+        self.__class__ = _keyed_class(self.__dict__.get("fn"), self.__dict__.get("stage"))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TrainerState):
+            return NotImplemented
+        return (self.status, self.fn, self.stage) == (other.status, other.fn, other.stage)
+
+    __hash__ = None  # type: ignore[assignment]  # as the dataclass's
+
+    def __repr__(self) -> str:
+        return f"TrainerState(status={self.status!r}, fn={self.fn!r}, stage={self.stage!r})"
+
+    def __reduce__(self) -> tuple:
+        return TrainerState, (self.status, self.fn, self.stage)  # a plain state: the keyed classes are the run's
+
+
+def _field(name: str) -> property:
+    def get(self: _KeyedTrainerState) -> Any:
+        return self.__dict__.get(name)
+
+    def set_(self: _KeyedTrainerState, value: Any) -> None:
+        self.__dict__[name] = value
+        self._rekey()
+
+    return property(get, set_, doc=f"``TrainerState.{name}``; setting it switches the state's class")
+
+
+for _name in _KEYED:
+    setattr(_KeyedTrainerState, _name, _field(_name))
+
+_CLASSES: dict[tuple[Optional[TrainerFn], Optional[RunningStage]], type[_KeyedTrainerState]] = {}
+
+
+def _keyed_class(fn: Optional[TrainerFn], stage: Optional[RunningStage]) -> type[_KeyedTrainerState]:
+    key = (fn, stage)
+    if key not in _CLASSES:
+        name = f"TrainerState[{fn.value if fn else None}, {stage.value if stage else None}]"
+        _CLASSES[key] = type(name, (_KeyedTrainerState,), {"__module__": __name__})
+    return _CLASSES[key]
+
+
+class _TrainerStateKeys(_CompileFeature):
+    """For the run, the Trainer's state takes a class per stage, so that compiled steps are keyed on it."""
+
+    keys = {"stage_guards": "True: a step that reads `trainer.state` compiles once per stage, never reusing another's"}
+
+    def __init__(self, options: _CompileOptions) -> None:
+        _flag(options, "stage_guards")
+
+    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+        state = connector.trainer.state
+        if type(state) is not TrainerState:  # a state of another class (the user's, or keyed already): left alone
+            return
+        state.__class__ = _keyed_class(state.fn, state.stage)
+        connector.callback(setattr, state, "__class__", TrainerState, scope="run")
+
+
+FEATURE = _TrainerStateKeys
