@@ -171,11 +171,11 @@ def test_print_config_round_trip(tmp_path, capsys, counting):
 #: A representative value of each `use_compile` key: every feature's keys (discovered below), and `torch.compile`'s.
 OPTION_VALUES = {
     # the package's defaults, turned off: a `false` from JSON, YAML or the command line must arrive as `False`
-    **dict.fromkeys(
-        ["summary", "compile_errors", "defer_logging", "eager_metrics", "dynamic_loop_counters", "compile_budget"], False
-    ),
+    **dict.fromkeys(["summary", "compile_errors", "defer_logging", "eager_metrics", "dynamic_loop_counters"], False),
+    "compile_budget": False,
     "stage_guards": False,
     "no_grad_evaluation": False,
+    "check_tensor_parallel": False,
     "fallback": "eager",
     "regions": ["Linear"],
     "optimize_ddp": "python_reducer",

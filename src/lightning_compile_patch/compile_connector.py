@@ -22,7 +22,7 @@ import importlib  # [ladder features]
 import inspect  # [ladder use_compile]
 import os  # [ladder features]
 import pkgutil  # [ladder features]
-import types
+import types  # [ladder features]
 from collections.abc import Mapping
 from dataclasses import dataclass, field  # [ladder features]
 from typing import Any, Callable, Optional
@@ -38,7 +38,7 @@ from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
 from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile, from_compiled, to_uncompiled
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 _USE_COMPILE = Optional[Union[bool, dict[str, Any]]]  # [ladder use_compile]
 _Scope = Literal["compile", "run"]  # [ladder features]
@@ -228,23 +228,10 @@ class _CompileConnector:
         if given is None:
             return
         # [ladder features]
-        if _RUNNING and _RUNNING[0] is not self and _RUNNING[0].trainer.state.status != TrainerStatus.RUNNING:
-            # a run that ended without its teardown (Lightning's `_interrupt` raised before it): end it now
-            _RUNNING[0].teardown()
-        if _RUNNING and _RUNNING[0] is not self:
-            raise RuntimeError(
-                "`use_compile`: another Trainer's compiled run is in progress in this process. Dynamo's counters and"
-                " settings are process-wide, so compiled runs go one at a time: wait for the other run to end, or run"
-                " this one in another process."
-            )
-        _RUNNING[:] = [self]
+        if self.features:  # what features change is process-wide: one such run at a time
+            self._claim_the_process()
         self.given = given
         # [/ladder]
-        # fit validates under `torch.no_grad`; under `torch.inference_mode` (whose tensors have other dispatch keys),
-        # `validate` would compile the validation step a second time
-        if self.trainer.validate_loop.inference_mode:
-            # [ladder !features] self.replace(self.trainer.validate_loop, "inference_mode", False)
-            self.replace(self.trainer.validate_loop, "inference_mode", False, scope="run")  # [ladder features]
         if model._compiler_ctx is not None:
             to_uncompiled(model)  # compiled by hand with `from_compiled`: compile once, after the wrap
         # [ladder features]
@@ -271,12 +258,18 @@ class _CompileConnector:
         # [ladder !features] kwargs = self.run_kwargs
         module, wrapper = self.trainer.lightning_module, self.trainer.strategy.model
         assert wrapper is not None
-        if wrapper is not module:
+        if wrapper is not module and kwargs.get("fullgraph"):
+            # DDP's own forward calls into its C++ reducer, which no graph can hold: its steps are compiled inside it
+            rank_zero_info("`fullgraph=True`: the steps are compiled inside the strategy's wrapper, not the wrapper.")
+        elif wrapper is not module:
             # DDP, FSDP: the strategy calls every step through the wrapper's forward, so one compiled call covers the
-            # wrapper's own forward, the step and the loss; set as `nn.Module.compile` sets it
-            compiled = torch.compile(wrapper._call_impl, **kwargs)
-            compiled = self._wrap(compiled, wrapper._call_impl, module_call=True)  # [ladder features]
-            self.replace(wrapper, "_compiled_call_impl", compiled)
+            # wrapper's own forward, the step and the loss
+            wrapper.compile(**kwargs)
+            self.callback(wrapper.__dict__.pop, "_compiled_call_impl", None)
+            # [ladder features]
+            compiled = wrapper._compiled_call_impl
+            wrapper._compiled_call_impl = self._wrap(compiled, wrapper._call_impl, module_call=True)
+            # [/ladder]
             return
         # no wrapper (one device, or a stage without one): the strategy calls the step methods directly
         given = module.__dict__.get("_compile_kwargs")  # torch keeps the compiled input's arguments on the module
@@ -292,14 +285,14 @@ class _CompileConnector:
 
     def _wrap(self, compiled: Callable, original: Callable, module_call: bool) -> Callable:
         """The features' wrappers around ``compiled``; it shows ``original``'s signature, which Lightning reads."""
+        if not self._active:
+            return compiled
         for feature in sorted(self._active, key=lambda feature: feature.order):
             compiled = feature.wrap(self, compiled, original, module_call)
         return functools.update_wrapper(functools.partial(compiled), original, updated=())
 
-    # [/ladder]
-    # [ladder !features] def replace(self, target: Any, name: str, value: Any) -> None:
-    def replace(self, target: Any, name: str, value: Any, scope: _Scope = "compile") -> None:  # [ladder features]
-        """Sets ``target.name`` to ``value`` for the run (or its ``scope``), then puts back what was there.
+    def replace(self, target: Any, name: str, value: Any, scope: _Scope = "compile") -> None:
+        """Sets ``target.name`` to ``value`` until the end of ``scope``, then puts back what was there.
 
         An attribute of an object's own ``__dict__`` (or of a module, such as ``torch._dynamo.config``) gets its value
         back; one that came from the class is removed from the instance again.
@@ -307,14 +300,11 @@ class _CompileConnector:
         """
         if name in getattr(target, "__dict__", {}) or isinstance(target, types.ModuleType):
             before = getattr(target, name)
-            # [ladder !features] self.callback(lambda: setattr(target, name, before))
-            self.callback(lambda: setattr(target, name, before), scope=scope)  # [ladder features]
+            self.callback(lambda: setattr(target, name, before), scope=scope)
         else:
-            # [ladder !features] self.callback(lambda: target.__dict__.pop(name, None))
-            self.callback(lambda: target.__dict__.pop(name, None), scope=scope)  # [ladder features]
+            self.callback(lambda: target.__dict__.pop(name, None), scope=scope)
         setattr(target, name, value)
 
-    # [ladder features]
     def setenv(self, name: str, value: str, scope: _Scope = "run") -> None:
         """Sets the environment variable ``name`` until the end of ``scope``, then puts back what was there."""
         before = os.environ.get(name)
@@ -333,7 +323,7 @@ class _CompileConnector:
     # [/ladder]
     # [ladder !features] def callback(self, undo: Callable[..., Any], *args: Any) -> None:
     def callback(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:  # [ladder features]
-        """Calls ``undo(*args)`` at the end of the run (or of its ``scope``): for what a function of its own undoes."""
+        """Calls ``undo(*args)`` when the run's changes are undone, latest first."""
         # a closure, not a `functools.partial`: a Trainer that a callback deep-copies mid-run (Lightning's own tests do)
         # copies functions by reference, while a partial's arguments (a config module) would be copied and cannot be
         # [ladder !features] self._undo.append(lambda: undo(*args))
@@ -359,6 +349,18 @@ class _CompileConnector:
             stack.callback(self.uncompile)
             for feature in active:
                 stack.callback(feature.teardown, self)
+
+    def _claim_the_process(self) -> None:
+        if _RUNNING and _RUNNING[0] is not self and _RUNNING[0].trainer.state.status != TrainerStatus.RUNNING:
+            # a run that ended without its teardown (Lightning's `_interrupt` raised before it): end it now
+            _RUNNING[0].teardown()
+        if _RUNNING and _RUNNING[0] is not self:
+            raise RuntimeError(
+                "`use_compile`: another Trainer's compiled run is in progress in this process. Dynamo's counters and"
+                " settings are process-wide, so compiled runs go one at a time: wait for the other run to end, or run"
+                " this one in another process."
+            )
+        _RUNNING[:] = [self]
 
     def _release(self) -> None:
         if _RUNNING and _RUNNING[0] is self:
@@ -389,7 +391,7 @@ def _torch_compile_keys() -> list[str]:
 
 # [ladder !features] def _parse_use_compile(use_compile: Any) -> dict[str, Any]:
 def _parse_use_compile(use_compile: Any, feature_keys: dict[str, str]) -> _CompileOptions:  # [ladder features]
-    """Checks a ``use_compile`` value, with ``torch.compile`` itself, and splits off the features' keys."""
+    """Checks a ``use_compile`` value, with ``torch.compile`` itself."""
     if use_compile is None or isinstance(use_compile, bool):
         # [ladder !features] return {}
         return _CompileOptions()  # [ladder features]
@@ -399,15 +401,19 @@ def _parse_use_compile(use_compile: Any, feature_keys: dict[str, str]) -> _Compi
             f" `torch.compile` arguments such as `use_compile={{'mode': 'max-autotune'}}`."
         )
     torch_keys = _torch_compile_keys()
-    # [ladder !features] feature_keys: dict[str, str] = {}  # the fork's features add keys of their own
+    # [ladder !features] known = torch_keys
+    known = [*torch_keys, *feature_keys]  # [ladder features]
     for key in use_compile:
-        if key not in torch_keys and key not in feature_keys:
-            close = difflib.get_close_matches(str(key), [*torch_keys, *feature_keys], n=1)
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
+            # [ladder !features] raise ValueError(f"`Trainer(use_compile=...)` got the unknown key {key!r}.{hint} Valid keys: {known}.")  # noqa: E501
+            # [ladder features]
             own = "".join(f"; {name!r}: {description}" for name, description in feature_keys.items())
             raise ValueError(
                 f"`Trainer(use_compile=...)` got the unknown key {key!r}.{hint} Valid keys: {torch_keys}{own}."
             )
+            # [/ladder]
     torch_kwargs = {k: v for k, v in use_compile.items() if k in torch_keys}
     _check_compile_kwargs(torch_kwargs)
     keys = {k: v for k, v in use_compile.items() if k not in torch_keys}  # [ladder features]
@@ -427,7 +433,8 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
     fails with its own reason. What torch takes without a check (the type of a flag, of the backend) is checked here.
 
     """
-    for key in ("fullgraph", "disable", "dynamic", "isolate_recompiles"):
+    # [ladder !features] for key in ("fullgraph", "disable", "dynamic"):
+    for key in ("fullgraph", "disable", "dynamic", "isolate_recompiles"):  # [ladder features]
         if kwargs.get(key) is not None and not isinstance(kwargs[key], bool):
             raise TypeError(f"`Trainer(use_compile={{{key!r}: {kwargs[key]!r}}})` must be a bool.")
     for key in ("mode", "name"):
@@ -435,6 +442,8 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
             raise TypeError(f"`Trainer(use_compile={{{key!r}: {kwargs[key]!r}}})` must be a string.")
     if kwargs.get("options") is not None and not isinstance(kwargs["options"], Mapping):
         raise TypeError("`Trainer(use_compile={'options': ...})` must be a dict of backend options.")
+    # [ladder features]
+    # the arguments of newer torch versions, which torch takes unchecked
     for key in ("shapes_spec", "dynamic_shapes"):  # torch 2.13 and 2.14 name it differently
         spec = kwargs.get(key)
         if spec is not None and not isinstance(spec, Mapping) and type(spec).__name__ != "ParamsSpec":
@@ -443,6 +452,7 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         kind = ValueError if isinstance(limit, int) and not isinstance(limit, bool) else TypeError
         raise kind(f"`Trainer(use_compile={{'recompile_limit': {limit!r}}})` must be a positive int.")
+    # [/ladder]
     backend = kwargs.get("backend", "inductor")
     if not callable(backend) and not isinstance(backend, str):
         raise TypeError(f"`Trainer(use_compile={{'backend': {backend!r}}})` must be a backend name or a callable.")

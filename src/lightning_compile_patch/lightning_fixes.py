@@ -112,7 +112,8 @@ def to_uncompiled(model: Union["pl.LightningModule", "torch._dynamo.OptimizedMod
 def _verify_strategy_supports_compile(model: Optional["pl.LightningModule"], strategy: Strategy) -> None:
     """Raises if ``model`` is compiled, or is to be compiled (``None``), and ``strategy`` cannot run it compiled."""
     if model is None or model._compiler_ctx is not None:
-        supported_strategies = (SingleDeviceStrategy, DDPStrategy, FSDPStrategy, ModelParallelStrategy)
+        supported_strategies: tuple[type[Strategy], ...] = (SingleDeviceStrategy, DDPStrategy, FSDPStrategy)
+        supported_strategies += (ModelParallelStrategy,)  # [ladder features]
         if not isinstance(strategy, supported_strategies) or isinstance(strategy, DeepSpeedStrategy):
             supported_strategy_names = ", ".join(s.__name__ for s in supported_strategies)
             raise RuntimeError(

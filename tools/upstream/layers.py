@@ -48,7 +48,8 @@ def render(source: str, layers: set[str]) -> str:
             out.append(_NOQA.sub("", line.rstrip("\n")) + "\n")
         elif not match["code"]:  # an earlier layer's line, as a comment
             if holds(match["tags"], layers):
-                out.append(match["indent"] + match["rest"][1:].rstrip() + "\n")
+                code = re.sub(r"\s+# noqa: E501$", "", match["rest"][1:].rstrip())  # long only as a comment
+                out.append(match["indent"] + code + "\n")
         elif holds(match["tags"], layers):
             out.append(match["indent"] + match["code"] + "\n")
     if blocks:

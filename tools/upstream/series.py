@@ -120,6 +120,7 @@ _MASTER_FIXED = (
     "- fixed AccumulateGrad stream mismatch warning",
     "- Fixed `FSDPStrategy` raising `RuntimeError` under PyTorch 2.5+ when `root_device` is CPU",
     "- Fixed `LightningModule.toggle_optimizer` / `untoggle_optimizer` breaking under `torch.compile`",
+    "- Fixed arbitrary code execution in `load_from_checkpoint`",
 )
 
 
@@ -178,12 +179,12 @@ _LIGHTNING_TEARDOWN = """\
 
 _FIXED_REDIRECTION = (
     "- Fixed `_ForwardRedirection` leaving the LightningModule's `forward` patched when the wrapped call raises, so"
-    f" that the next call of `forward` ran a step method {ISSUE}"
+    " that the next call of `forward` ran a step method"
 )
-_FIXED_FROM_COMPILED = f"- Fixed `from_compiled` raising for a LightningModule with a step set to `None` {ISSUE}"
+_FIXED_FROM_COMPILED = "- Fixed `from_compiled` raising for a LightningModule with a step set to `None`"
 _FIXED_TO_UNCOMPILED = (
     "- Fixed `to_uncompiled` leaving the step methods behind as instance attributes, so that a method patched on the"
-    f" class later was ignored {ISSUE}"
+    " class later was ignored, and each step kept the module alive through a reference cycle"
 )
 _FIXED_CORE = (
     f"- Fixed a `torch.compile`-d model being refused under `ModelParallelStrategy`, which can run it compiled {ISSUE}"
@@ -258,22 +259,22 @@ passed to the Trainer compiled. It now compiles only the steps that are callable
 FIX_TO_UNCOMPILED = Patch(
     subject="Fix `to_uncompiled` leaving the step methods behind on the instance",
     body="""\
-`to_uncompiled` put each original step back as an instance attribute holding a bound method, so
-a method patched on the class later (a test's `monkeypatch`, a mixin set up after the run) was
-ignored by that instance, and the module carried the bound methods in its `__dict__`. A step
-that is the class's own method is now removed from the instance instead.""",
+`to_uncompiled` put each original step back as an instance attribute holding a bound method: a
+reference cycle (module -> bound method -> module) that keeps the module alive until the cycle
+collector runs, and a method patched on the class later (a test's `monkeypatch`, a mixin set up
+after the run) was ignored by that instance. A step that is the class's own method is now
+removed from the instance instead. (`_ForwardRedirection` leaves `forward` as an instance-bound
+method in the same way; that predates this and is left for a patch of its own.)""",
     modules=(),
     tests=("tests_pytorch/utilities/test_compile_to_uncompiled.py",),
-    edits=(ReplaceDef(COMPILE_UTILS, "to_uncompiled"), *_changelog_fixed(_FIXED_TO_UNCOMPILED, 3)),
+    edits=(ReplaceDef(COMPILE_UTILS, "to_uncompiled"), *_changelog_fixed(_FIXED_TO_UNCOMPILED, 7)),
 )
 
 _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, right after the"
     " strategy wraps it (and before any hook that runs a step, such as the tuner's), so that under DDP and FSDP the"
     " wrapper itself runs compiled, as Fabric does; the LightningModule's steps are no longer compiled on their own"
-    f" before the wrap, and nothing of it is left compiled after the run {ISSUE}\n\n"
-    "- While the Trainer compiles, `validate` runs under `torch.no_grad`, as validation does while fitting, instead of"
-    f" `torch.inference_mode`, so that the validation step compiles once {ISSUE}\n"
+    f" before the wrap, and nothing of it is left compiled after the run {ISSUE}\n"
 )
 
 REAPPLY = Patch(
@@ -289,19 +290,19 @@ maintainers asked for this whenever the model passed in is compiled, with no new
 The model is now unwrapped (Fabric's `_unwrap_compiled`) when it is passed to
 `fit`/`validate`/`test`/`predict`, and compiled again, in place and with the same arguments,
 right after `strategy.setup` and before any hook that runs a step (the tuner's trials run in
-`on_fit_start`): with a wrapper (DDP, FSDP while fitting), the wrapper itself, as
-`nn.Module.compile` does, so Lightning's `isinstance(..., DistributedDataParallel)` checks and
-the state-dict keys stay; without one, the LightningModule's steps, with `from_compiled`. Each
+`on_fit_start`): with a wrapper (DDP, FSDP while fitting), the wrapper itself, with
+`nn.Module.compile`, so Lightning's `isinstance(..., DistributedDataParallel)` checks and the
+state-dict keys stay; without one, or with `fullgraph=True` (DDP's forward calls its C++
+reducer, which no single graph holds), the LightningModule's steps, with `from_compiled`. Each
 step keeps its signature, and everything is undone in `_teardown`, on every path.
 
-Each step function compiles once per Trainer across stages: while compiling, `validate` runs
-under `torch.no_grad`, as fit's validation does, rather than `torch.inference_mode`, whose
-tensors would compile the validation step a second time.
-
-What it buys: from torch 2.7 (pytorch#147123) DDP's python pre- and post-forward run inside the
-graph without the crash of #20242; DDPOptimizer's bucketed split applies either way (Dynamo
-applies it to any frame converted inside DDP's forward). On torch before 2.6 nothing changes.
-Measured on CPU, 2 gloo processes: see the PR text for the table.""",
+What it buys: the compile point (the tuner's trials run compiled) and Fabric's behaviour. From
+torch 2.9 (tested; 2.7 and 2.8 not run) DDP's forward pre-hooks and its Python pre- and
+post-forward are traced with the step; DDPOptimizer's bucketed split applies either way
+(Dynamo applies it to any frame converted inside DDP's forward), and #20242's crash is gone
+from torch itself since 2.7 (pytorch#147123). The step time measured on CPU with 2 gloo
+processes is in the PR text. It needs torch 2.6, the oldest it was tested with; before that a
+compiled model is compiled as it was.""",
     modules=("compile_connector",),
     tests=("tests_pytorch/trainer/test_trainer_reapply_compile.py",),
     edits=(
@@ -342,18 +343,9 @@ Measured on CPU, 2 gloo processes: see the PR text for the table.""",
             + _indent(_LIGHTNING_TEARDOWN, 4)
             + "\n",
         ),
-        Replace(
-            COMPILE_UTILS,
-            "from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy,"
-            " SingleDeviceStrategy, Strategy\n",
-            "from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy,"
-            " SingleDeviceStrategy, Strategy\n"
-            "from lightning.pytorch.strategies.model_parallel import ModelParallelStrategy\n",
-        ),
         Replace(COMPILE_UTILS, "from typing import Union\n", "from typing import Optional, Union\n"),
         ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
         Replace(CHANGELOG, "### Changed\n\n-\n", f"### Changed\n\n{_REAPPLIED}"),
-        *_changelog_fixed(_FIXED_CORE, 4),
         _section_before("Avoid graph breaks", "reapply_compile"),
         Replace(
             COMPILE_DOCS,
@@ -489,6 +481,16 @@ process-wide. This patch adds no feature.""",
     layers=("features",),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
     edits=(
+        Replace(
+            COMPILE_UTILS,
+            "from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy,"
+            " SingleDeviceStrategy, Strategy\n",
+            "from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy,"
+            " SingleDeviceStrategy, Strategy\n"
+            "from lightning.pytorch.strategies.model_parallel import ModelParallelStrategy\n",
+        ),
+        ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
+        *_changelog_fixed(_FIXED_CORE, 4),
         InsertAfter(
             COMPILE_DOCS,
             "The dict takes the arguments of ``torch.compile``",
@@ -729,6 +731,59 @@ theirs; code compiled outside the Trainer's runs is left alone.""",
     ),
 )
 
+TRAINER_STATE = Patch(
+    subject="Compile steps once per stage under `Trainer(use_compile=...)`, keyed on the Trainer's state",
+    body="""\
+A step that picks a value from a dict keyed by `self.trainer.state.stage` (a metric's name, as
+libraries built on Lightning do) reused the sanity check's trace in every later validation
+epoch: Dynamo puts no guard on an Enum used as a dict key (a torch bug, reported with a repro),
+so `val_loss` was logged as `sanity_check_loss`, and `ReduceLROnPlateau`, `EarlyStopping` and
+`ModelCheckpoint` on `val_loss` never saw it. With `use_compile={"stage_guards": True}`, the
+Trainer's state takes a subclass of `TrainerState` per `(fn, stage)` for the run, switched when
+Lightning sets either: Dynamo guards the type, so such a step compiles once per stage. The state
+compares, prints and pickles as a `TrainerState`, and its class is put back after the run.""",
+    modules=("compile_features.trainer_state",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_trainer_state.py",),
+    edits=(
+        InsertAfter(
+            COMPILE_DOCS,
+            "There are a few limitations you should be aware of when using ``torch.compile`` **in conjunction",
+            _doc("trainer_state"),
+        ),
+        *_changelog_added(
+            '- Added `Trainer(use_compile={"stage_guards": True})`, so that a compiled step that picks a value by the'
+            f" Trainer's stage does not reuse another stage's trace {ISSUE}",
+            5,
+        ),
+    ),
+)
+EVALUATION_NO_GRAD = Patch(
+    subject="Run evaluation under `torch.no_grad` while `Trainer(use_compile=...)` compiles, on request",
+    body="""\
+Fit validates under `torch.no_grad`; `validate`, `test` and `predict` run under
+`torch.inference_mode` by default, whose tensors carry other dispatch keys, so `validate` after
+`fit` compiled the validation step a second time, and Dynamo fails on some steps under inference
+mode that compile under `no_grad` (indexing with a numpy array: "Guard failed on the same frame
+it was created"; a torch bug, reported with a repro). With
+`use_compile={"no_grad_evaluation": True}` the three run under `torch.no_grad` for the run; the
+Trainer's own `inference_mode` is put back after it.""",
+    modules=("compile_features.evaluation_no_grad",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_evaluation_no_grad.py",),
+    edits=(
+        InsertAfter(
+            COMPILE_DOCS,
+            "  The last batch in your training loop will be smaller and trigger a recompilation.",
+            _doc("evaluation_no_grad"),
+        ),
+        InsertAfter(
+            CHANGELOG,
+            "- A `torch.compile`-d model passed to the Trainer is now compiled again",
+            '\n- Added `Trainer(use_compile={"no_grad_evaluation": True})` to run `validate`, `test` and `predict`'
+            f" under `torch.no_grad` while the Trainer compiles {ISSUE}\n",
+        ),
+    ),
+)
+
 SERIES: tuple[Patch, ...] = (
     FIX_FORWARD_REDIRECTION,
     FIX_FROM_COMPILED,
@@ -747,6 +802,8 @@ SERIES: tuple[Patch, ...] = (
     METRICS,
     LOOP_COUNTERS,
     COMPILE_BUDGET,
+    TRAINER_STATE,
+    EVALUATION_NO_GRAD,
 )
 
 

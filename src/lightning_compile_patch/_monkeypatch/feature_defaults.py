@@ -20,6 +20,7 @@ FEATURE_DEFAULTS = types.MappingProxyType(
         "compile_budget": True,  # each Trainer's runs get their own recompile budget (sweeps in one process)
         "stage_guards": True,  # a step that reads `trainer.state` compiles once per stage (an Enum key is unguarded)
         "no_grad_evaluation": True,  # test and predict under `no_grad` (Dynamo fails on some inference-mode steps)
+        "check_tensor_parallel": True,  # refuse what tensor parallelism cannot compile whole, before the first step
         "optimize_ddp": "auto",  # DDP's graph split only with more than one process
     }
 )

@@ -1,10 +1,13 @@
-"""``test`` and ``predict`` run under ``torch.no_grad`` while compiling, rather than ``torch.inference_mode``.
+"""``validate``, ``test`` and ``predict`` run under ``torch.no_grad`` while compiling, not ``torch.inference_mode``.
 
-Dynamo fails on some steps under ``inference_mode`` that run under ``no_grad``: a step that indexes a tensor with a
-numpy array raises ``Guard failed on the same frame it was created`` (a dispatch-key mismatch of inference tensors;
-torch 2.13, ``docs/repros/inference_mode_numpy_index.py``). ``validate`` runs under ``no_grad`` while compiling already
-(the core: it shares its compiled step with fit's validation). Gradients are off either way, so the values are the
-same; what ``inference_mode`` adds is that the outputs cannot be used in autograd later.
+* ``validate`` after ``fit`` reuses the validation step fit compiled (fit validates under ``no_grad``): under
+  ``inference_mode``, whose tensors have other dispatch keys, PyTorch compiles it a second time.
+* Dynamo fails on some steps under ``inference_mode`` that run under ``no_grad``: a step that indexes a tensor with a
+  numpy array raises ``Guard failed on the same frame it was created`` (torch 2.13,
+  ``docs/repros/inference_mode_numpy_index.py``).
+
+Gradients are off either way, so the values are the same; what ``inference_mode`` adds is that the outputs cannot
+enter autograd later. It overrides ``Trainer(inference_mode=True)`` for the run, which is why it takes a key.
 
 """
 
@@ -14,15 +17,15 @@ from lightning_compile_patch.compile_connector import _CompileConnector, _Compil
 
 
 class _EvaluationNoGrad(_CompileFeature):
-    """For the run, the test and predict loops run under ``torch.no_grad``."""
+    """For the run, the evaluation loops run under ``torch.no_grad``."""
 
-    keys = {"no_grad_evaluation": "True: test and predict run under `torch.no_grad` while compiling"}
+    keys = {"no_grad_evaluation": "True: validate, test and predict run under `torch.no_grad` while compiling"}
 
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "no_grad_evaluation")
 
     def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
-        for loop in (connector.trainer.test_loop, connector.trainer.predict_loop):
+        for loop in (connector.trainer.validate_loop, connector.trainer.test_loop, connector.trainer.predict_loop):
             if loop.inference_mode:
                 connector.replace(loop, "inference_mode", False, scope="run")
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 #: The torch versions (major.minor) that tensor parallelism under ``use_compile`` was tested on, on CPU with gloo
 #: (``tests/test_tensor_parallel.py``); on others it warns. Add one when that test passed on it.
@@ -82,9 +82,10 @@ def _vocabulary_parallel(module: nn.Module) -> bool:
 class _TensorParallel(_CompileFeature):
     """Checks a model made tensor-parallel (in ``configure_model``) once the strategy has set it up."""
 
-    @classmethod
-    def wanted(cls, keys: Mapping[str, Any]) -> bool:
-        return True  # a check, on whenever the Trainer compiles: it refuses what cannot compile, and changes nothing
+    keys = {"check_tensor_parallel": "True: refuse before the first step what tensor parallelism cannot compile whole"}
+
+    def __init__(self, options: _CompileOptions) -> None:
+        _flag(options, "check_tensor_parallel")
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         whole = connector.options.keys.get("regions") is None  # the run compiles the model whole, not by regions

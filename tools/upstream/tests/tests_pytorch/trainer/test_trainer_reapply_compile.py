@@ -149,17 +149,18 @@ def test_the_wrapper_itself_runs_compiled_on_two_processes(tmp_path):
 
 
 @RunIf(min_torch="2.6", dynamo=True)
-def test_each_step_compiles_once_across_stages(tmp_path):
+def test_each_stage_compiles_its_step_once(tmp_path):
     model, backend = BoringModel(), CountingBackend()
     compiled = torch.compile(model, backend=backend)
     trainer = Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS)
     trainer.fit(compiled)
     assert backend.graphs == 2  # the training and the validation step
-    trainer.validate(compiled)
-    assert backend.graphs == 2  # the validation step compiled while fitting runs again, not recompiled
-    trainer.test(compiled)
-    trainer.predict(compiled)
-    assert backend.graphs == 4
+    for stage in (trainer.validate, trainer.test, trainer.predict):
+        before = backend.graphs
+        stage(compiled)
+        stage(compiled)  # the second time reuses what the first compiled
+        # validate's step is fit's, under `inference_mode` rather than fit's `no_grad`: compiled again, once
+        assert backend.graphs == before + 1, stage.__name__
 
 
 @RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
@@ -174,6 +175,33 @@ def test_each_step_compiles_once_across_stages_under_ddp(tmp_path):
     # fit compiles the wrapper's call (the training and validation steps through it); validate, without a wrapper,
     # compiles the validation step once, and a second validate compiles nothing
     assert backend.graphs == fitted + 1
+
+
+@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
+def test_under_ddp_the_compiled_call_compiles_once_however_many_steps(tmp_path):
+    backend = CountingBackend()
+    seen = []
+
+    class GraphsPerStep(Callback):
+        def on_train_batch_end(self, *_):
+            seen.append(backend.graphs)
+
+    kwargs = {**_TRAINER_KWARGS, "limit_train_batches": 6, "limit_val_batches": 0}
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[GraphsPerStep()], **kwargs)
+    trainer.fit(torch.compile(BoringModel(), backend=backend))
+    assert seen == [seen[0]] * 6, seen  # nothing compiled after the first step
+
+
+@RunIf(min_torch="2.9", dynamo=True, skip_windows=True)
+def test_fullgraph_under_ddp_compiles_the_steps_inside_the_wrapper(tmp_path):
+    """DDP's forward calls its C++ reducer, which no single graph holds: with `fullgraph=True` the steps compile."""
+    backend = CountingBackend()
+    probe = IsCompilingInWrapperForward()
+    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[probe], **kwargs)
+    trainer.fit(torch.compile(BoringModel(), backend=backend, fullgraph=True))
+    assert probe.seen == [False, False]  # the wrapper runs eagerly
+    assert backend.calls == 2  # and each step ran its compiled graph inside it
 
 
 @RunIf(min_torch="2.6", dynamo=True)
@@ -241,3 +269,21 @@ def test_sets_no_process_wide_state(tmp_path):
     Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS).fit(torch.compile(BoringModel(), backend="eager"))
     assert dynamo_config.get_config_copy() == config_before
     assert dict(os.environ) == environ_before
+
+
+@RunIf(min_cuda_gpus=2, standalone=True, min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_compiled_model_runs_compiled_after_the_wrap_on_two_gpus(tmp_path, strategy):
+    backend = CountingBackend()
+    calls = GraphCallsPerStep(backend)
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        strategy=strategy,
+        accelerator="cuda",
+        devices=2,
+        callbacks=[calls],
+        max_steps=2,
+        enable_progress_bar=False,
+    )
+    trainer.fit(torch.compile(BoringModel(), backend=backend))
+    assert all(calls.calls["train"])

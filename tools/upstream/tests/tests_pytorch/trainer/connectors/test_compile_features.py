@@ -115,9 +115,13 @@ def test_one_compiled_run_at_a_time_per_process(probe, tmp_path):
 
     class StartAnother(Callback):
         def on_train_start(self, trainer, pl_module):
-            second = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS)
+            use_compile = {"backend": "eager", "probe": True}
+            second = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **_TRAINER_KWARGS)
             with pytest.raises(RuntimeError, match="another Trainer's compiled run is in progress"):
                 second.fit(BoringModel())
+            # without a feature, nothing process-wide is changed, and a compiled run may start meanwhile
+            third = Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS)
+            third.fit(torch.compile(BoringModel(), backend="eager"))
 
     first.callbacks.append(StartAnother())
     first.fit(BoringModel())

@@ -176,4 +176,4 @@ def test_use_compile_regions_on_a_2d_mesh(tmp_path):
 @RunIf(min_torch="2.13", standalone=True, dynamo=True, skip_windows=True)
 def test_use_compile_whole_model_with_a_vocabulary_parallel_embedding_under_fsdp2_is_refused():
     with pytest.raises(ValueError, match="`embedding` is a vocabulary-parallel embedding"):
-        _fit({"backend": "aot_eager"})
+        _fit({"backend": "aot_eager", "check_tensor_parallel": True})

@@ -1,0 +1,63 @@
+# Copyright The Lightning AI team.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+import numpy as np
+import torch
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+from tests_pytorch.helpers.runif import RunIf
+
+# `Trainer(use_compile=...)` needs torch 2.6
+pytestmark = RunIf(min_torch="2.6", dynamo=True)
+
+_KWARGS = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False, "limit_predict_batches": 2}
+
+
+class CountingBackend:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class IndexedWithNumpy(BoringModel):
+    columns = np.array([1, 0, 1])
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch)[:, self.columns]
+
+
+def test_validate_after_fit_reuses_the_validation_step_fit_compiled(tmp_path):
+    backend = CountingBackend()
+    use_compile = {"backend": backend, "no_grad_evaluation": True}
+    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, max_steps=2, limit_val_batches=2, **_KWARGS)
+    model = BoringModel()
+    trainer.fit(model)
+    fitted = backend.graphs
+    trainer.validate(model)
+    assert backend.graphs == fitted
+    assert trainer.validate_loop.inference_mode  # the Trainer's own setting again after the run
+
+
+def test_predict_indexing_with_numpy_runs_compiled_and_gives_eagers_predictions(tmp_path):
+    model = IndexedWithNumpy()
+    eager = Trainer(default_root_dir=tmp_path, **_KWARGS).predict(model)
+    use_compile = {"backend": "aot_eager", "no_grad_evaluation": True}
+    compiled = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **_KWARGS).predict(model)
+    torch.testing.assert_close(compiled, eager)
