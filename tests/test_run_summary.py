@@ -251,7 +251,8 @@ class LoopedChunks(BoringModel):
 
 def test_a_step_dynamo_skips_for_a_graph_break_in_its_loop_is_warned_with_dynamos_reason_and_the_fix():
     # bug: the warning blamed "an earlier error in this process or `torch.compiler.disable`"
-    trainer = Trainer(use_compile={"backend": "aot_eager"}, **{**FIT, "max_steps": -1, "max_epochs": 1, "limit_train_batches": 3})
+    epoch_of_3 = {**FIT, "max_steps": -1, "max_epochs": 1, "limit_train_batches": 3}  # manual optimization: 2 per step
+    trainer = Trainer(use_compile={"backend": "aot_eager"}, **epoch_of_3)
     with pytest.warns(UserWarning, match="ran without compiled code") as caught:
         trainer.fit(LoopedChunks())
     (warned,) = [str(w.message) for w in caught if "ran without compiled code" in str(w.message)]
@@ -307,3 +308,15 @@ def test_after_a_fallback_every_step_is_counted_eager_the_failing_one_too():
     assert summary.compiled_steps == {}
     assert summary.eager_steps == {"training": 6, "evaluation": 4}
     assert summary.eager_causes == {"fallback": 10}
+
+
+class DisabledStep(BoringModel):
+    training_step = torch.compiler.disable(BoringModel.training_step)
+
+
+def test_a_step_marked_compiler_disable_is_labelled_so():
+    # bug: it was labelled "skipped", with a guess between an earlier error and `torch.compiler.disable`
+    trainer = Trainer(use_compile={"backend": "aot_eager"}, **FIT)
+    with pytest.warns(UserWarning, match="marked `torch.compiler.disable`"):
+        trainer.fit(DisabledStep())
+    assert last_summary(trainer).eager_causes == {"torch.compiler.disable": 3}

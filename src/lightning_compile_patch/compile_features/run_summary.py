@@ -3,9 +3,14 @@
 * While compiling: one rank-zero line when the first compiled step of a kind (training, evaluation) starts, and one
   when it has finished, with the seconds. Without them a cold compile looks like a run that hangs at step 0.
 * A warning as soon as any frame hits Dynamo's recompile limit, after which Dynamo runs it uncompiled.
-* Every step that ran no compiled code, whatever the cause (a "skip" mark, the recompile limit,
-  ``torch.compiler.disable``, ``suppress_errors``): counted per stage, and told in one warning with the cause and the
-  fix. The backend is wrapped to count how often its compiled graphs run: a step during which none ran was eager.
+* Every step the strategy runs, counted compiled or eager by kind. A step is compiled when a graph of its own compiled
+  code ran during it: the backend is wrapped so that each graph, when it runs, tells whether it was called from the
+  step's compiled code (a graph of a function that an eager step calls does not count), and steps after a fallback
+  still count, as eager.
+* Each eager step gets the cause of its own frame, told in one warning per cause with the fix: a fallback,
+  ``torch.compiler.disable``, the recompile limit (only where that frame hit it), a frame Dynamo skipped, with
+  Dynamo's own reason from its compilation metrics (a graph break inside a loop skips the whole frame),
+  ``suppress_errors``.
 * At the end: one summary line with graphs, recompiles, graph breaks, compiled and eager steps, and compile seconds.
 
 """
@@ -85,6 +90,8 @@ class _CompileSummary:
             f"{kind} {self.compiled_steps.get(kind, 0)} compiled / {self.eager_steps.get(kind, 0)} eager"
             for kind in sorted({*self.compiled_steps, *self.eager_steps})
         )
+        if self.eager_causes:
+            steps += f" (eager: {', '.join(f'{n} {cause}' for cause, n in sorted(self.eager_causes.items()))})"
         return (
             f"`use_compile` ({self.stage}, {strategy}, {backend}): {_count(self.graphs, 'graph')},"
             f" {_count(self.recompiles, 'recompile')}, {breaks}{hits}, steps: {steps or 'none'}"
@@ -201,18 +208,31 @@ def _key(code: CodeType) -> _Key:
     return (code.co_name, code.co_filename, code.co_firstlineno)
 
 
-def _step_codes(function: Any) -> tuple[set[_Key], bool]:
-    """The code of a step function and of what it wraps (a user's decorator), and whether any is compiler-disabled."""
+def _step_codes(function: Any) -> tuple[set[_Key], Optional[str]]:
+    """The code of a step function and of what it wraps (a user's decorator), and why it is compiler-disabled, if so.
+
+    ``torch.compiler.disable`` marks its wrapper ``_torchdynamo_disable`` (torch 2.0+), with the ``reason`` given in
+    ``_torchdynamo_disable_msg`` (torch 2.7+).
+
+    """
     keys: set[_Key] = set()
-    disabled = False
-    for _ in range(16):  # a chain of wrappers: `functools.partial`, `functools.wraps`, a bound method
+    disabled: Optional[str] = None
+    for _ in range(16):  # a chain of wrappers: `functools.partial`, `functools.wraps`, a bound method, `disable`'s
         if function is None:
             break
-        disabled = disabled or bool(getattr(function, "_torchdynamo_disable", False))
+        if disabled is None and getattr(function, "_torchdynamo_disable", False):
+            disabled = str(getattr(function, "_torchdynamo_disable_msg", None) or "")
         code = getattr(getattr(function, "__func__", function), "__code__", None)
         if code is not None:
             keys.add(_key(code))
-        function = getattr(function, "__wrapped__", None) or getattr(function, "func", None)
+        function = next(
+            (
+                inner
+                for name in ("__wrapped__", "_torchdynamo_orig_callable", "func")
+                if (inner := getattr(function, name, None)) is not None
+            ),
+            None,
+        )
     return keys, disabled
 
 
@@ -252,6 +272,8 @@ def _skip_cause(metrics: Any, suppressed: bool) -> tuple[str, str]:
             f"Dynamo failed to compile `{name}` ({where}) with `{fail_type.strip('<>')}: {title}`, and"
             " `torch._dynamo.config.suppress_errors` hid the error. Set it to `False` to see the error."
         )
+    if "recompile limit" in title.lower() or "cache_size_limit" in title:  # a hit the log watch did not see
+        return "recompile limit", _LIMIT_HIT
     in_loop = "loop" in title and "graph break" in title.lower()  # 2.13: "graph break in loop"; 2.6: "Skipping ..."
     label = "graph break in loop" if in_loop else title
     explanation = _explanation(parts[-1]) or title
@@ -347,9 +369,8 @@ _STEP_KINDS["predict_step"] = "evaluation"
 class _CompileReport:
     """Watches one run: Dynamo's counters, the first compiled steps, recompile-limit hits, and each step."""
 
-    def __init__(self, stage: str, strategy: str, backend: str, counting: Optional[_CountingBackend] = None) -> None:
+    def __init__(self, stage: str, strategy: str, backend: str) -> None:
         self.summary = _CompileSummary(stage)
-        self.backend = counting
         #: The causes already warned about: each is told once per run.
         self._warned: set[str] = set()
         #: Whether the run went on uncompiled on purpose (``fallback="eager"``): no warning of our own then.
@@ -444,10 +465,11 @@ class _CompileReport:
         if self.fell_back():
             return "fallback", "it fell back to eager after a compile error (`fallback='eager'`)."
         keys, disabled = _step_codes(step_function)
-        if disabled:
+        if disabled is not None:
             return "torch.compiler.disable", (
-                "the step is marked `torch.compiler.disable`, so Dynamo runs it, and all it calls, uncompiled. Remove"
-                " the mark to compile it, or mark only the part that cannot be compiled."
+                f"the step is marked `torch.compiler.disable`{f' ({disabled})' if disabled else ''}, so Dynamo runs it,"
+                " and all it calls, uncompiled. Remove the mark to compile it, or mark only the part that cannot be"
+                " compiled."
             )
         if keys & self._watch.keys:
             return "recompile limit", _LIMIT_HIT
@@ -535,8 +557,8 @@ class _RunSummary(_CompileFeature):
         assert trainer.state.fn is not None
         backend = kwargs.get("backend") or "inductor"
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
-        counted, counting = _counting(kwargs)
-        self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend, counting)
+        counted, _ = _counting(kwargs)
+        self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend)
         self._report.fell_back = lambda: any(f.fell_back for f in connector.features)
         self._report.notes = lambda: [note for f in connector.features if (note := f.summary_note)]
         return counted
