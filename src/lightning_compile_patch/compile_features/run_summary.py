@@ -236,19 +236,6 @@ def _step_codes(function: Any) -> tuple[set[_Key], Optional[str]]:
     return keys, disabled
 
 
-#: What a frame that hit the recompile limit, or that Dynamo skipped, is known for: it stays so for the process (the
-#: compile budget and a failed run's reset aside), so a later run's eager step can still be told why. Bounded.
-_KNOWN_EAGER: "OrderedDict[_Key, tuple[str, str]]" = OrderedDict()
-_KEPT_EAGER = 256
-
-
-def _remember(key: _Key, cause: tuple[str, str]) -> None:
-    _KNOWN_EAGER[key] = cause
-    _KNOWN_EAGER.move_to_end(key)
-    while len(_KNOWN_EAGER) > _KEPT_EAGER:
-        _KNOWN_EAGER.popitem(last=False)
-
-
 #: Between the parts of Dynamo's message for a graph break that led to another one (torch 2.8+).
 _CHAINED = "*** While handling this graph break, another graph break occurred: ***"
 
@@ -350,7 +337,6 @@ class _RecompileLimitWatch(logging.Filter):
             if found:
                 key = (found["name"], found["file"], int(found["line"]))
                 self.keys.add(key)
-                _remember(key, ("recompile limit", _LIMIT_HIT))
             rank_zero_warn(
                 f"`use_compile`: {function} hit Dynamo's recompile limit"
                 f" ({_LIMIT_NAME} = {getattr(torch._dynamo.config, _LIMIT_NAME)}); from now on it runs uncompiled. Its"
@@ -474,13 +460,16 @@ class _CompileReport:
         if keys & self._watch.keys:
             return "recompile limit", _LIMIT_HIT
         suppressed = bool(torch._dynamo.config.suppress_errors)
-        # torch 2.1 has no compilation metrics; each has the frame's name, file and line, and why it failed
+        # torch 2.1 has no compilation metrics; each has the frame's name, file and line, and why it failed. Only this
+        # run's: an earlier run's failure of the same code may since have been reset (the compile budget, a failed run)
         for metrics in reversed(getattr(utils, "get_compilation_metrics", list)()):
+            started_us = getattr(metrics, "start_time_us", None) or (getattr(metrics, "start_time", None) or 0) * 1e6
+            if started_us < self._start_us:
+                break  # newest first: the rest are older still
             key = (getattr(metrics, "co_name", None), getattr(metrics, "co_filename", None))
             key += (getattr(metrics, "co_firstlineno", None),)
             if key in keys and getattr(metrics, "fail_type", None):
                 self._skipped.setdefault(key, _skip_cause(metrics, suppressed))  # type: ignore[arg-type]
-                _remember(key, self._skipped[key])  # type: ignore[arg-type]
                 break
         for key in keys:
             if key in self._skipped:
@@ -490,13 +479,10 @@ class _CompileReport:
                 "Dynamo failed to compile it and `torch._dynamo.config.suppress_errors` hid the error. Set it to"
                 " `False` to see the error."
             )
-        for key in keys:
-            if key in _KNOWN_EAGER:  # told in an earlier run of this process
-                cause, explanation = _KNOWN_EAGER[key]
-                return cause, f"in an earlier run in this process, {explanation}"
         return "skipped", (
-            "Dynamo skipped its code, after an earlier error in this process or because of `torch.compiler.disable`."
-            " Run with `TORCH_LOGS=graph_breaks,recompiles` to see why."
+            "Dynamo ran its code uncompiled, and no compile of it failed in this run: it was skipped after an error"
+            " in an earlier run in this process, or marked to be skipped. Run with `TORCH_LOGS=graph_breaks,recompiles`"
+            " to see why."
         )
 
     def _announce_start(self, training: bool) -> None:
