@@ -121,7 +121,8 @@ def test_a_fallback_is_counted_but_not_warned_twice():
         trainer.fit(BoringModel())
     assert not any("ran without compiled code" in str(w.message) for w in caught)
     # the first step failed to compile and ran eagerly; from then on the model is uncompiled, as the warning says
-    assert last_summary(trainer).eager_steps == {"training": 1}
+    assert last_summary(trainer).eager_steps == {"training": 3}
+    assert last_summary(trainer).eager_causes == {"fallback": 3}
     assert last_summary(trainer).fell_back
 
 
@@ -190,3 +191,136 @@ def test_compiled_runs_go_one_at_a_time_in_a_process():
     assert probe.refused
     assert last_summary(trainer).compiled_steps == {"training": 3}
     Trainer(use_compile={"backend": "aot_eager"}, **FIT).fit(BoringModel())  # and the next one may run
+
+
+#: Dynamo's recompile limit, by the name this torch gives it (`cache_size_limit` before 2.7).
+LIMIT = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+#: The cause the summary gives a step whose frame Dynamo skipped for a graph break inside a loop.
+LOOP_SKIP = "skipped: graph break in loop"
+
+
+class StepThenHelper(BoringModel):
+    """The step reads `batch_idx` (guarded by value under `dynamic=False`), then calls a helper behind a graph break.
+
+    The helper is compiled as a frame of its own, from the step's compiled code. Once the step's frame hits the
+    recompile limit, the step runs eagerly while the helper's graph still runs, called from the eager step.
+    """
+
+    def training_step(self, batch, batch_idx):
+        return self.loss_of(batch * (batch_idx + 1))
+
+    def loss_of(self, batch):
+        torch._dynamo.graph_break()
+        return {"loss": self.step(batch)}
+
+
+def test_a_step_counts_as_compiled_only_when_a_graph_of_its_own_code_ran_during_it():
+    # bug: a graph was attributed to the step when it was compiled; the helper's graph, compiled while the step ran
+    # compiled, kept counting the step as compiled after the step itself ran eagerly
+    trainer = Trainer(use_compile={"backend": "aot_eager", "dynamic": False}, **{**FIT, "max_steps": 5})
+    with torch._dynamo.config.patch(**{LIMIT: 2}), pytest.warns(UserWarning, match="recompile limit"):
+        trainer.fit(StepThenHelper())
+    summary = last_summary(trainer)
+    assert summary.compiled_steps == {"training": 2}  # batch_idx 0 and 1: the step's own graphs ran
+    assert summary.eager_steps == {"training": 3}
+    assert summary.eager_causes == {"recompile limit": 3}
+
+
+class LoopedChunks(BoringModel):
+    """Truncated BPTT as in Lightning's `common/tbptt.rst`: the step optimizes chunk by chunk, in a `for` loop."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.cell = torch.nn.Linear(16, 2)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        hidden = torch.zeros(batch.shape[0], 2)
+        for chunk in batch.split(16, dim=1):
+            out = self.cell(torch.cat([chunk[:, :14], hidden], dim=1))
+            loss = out.sum()
+            opt.zero_grad()
+            self.manual_backward(loss)  # a graph break, inside the loop: Dynamo skips the whole frame
+            opt.step()
+            hidden = out.detach()
+
+
+def test_a_step_dynamo_skips_for_a_graph_break_in_its_loop_is_warned_with_dynamos_reason_and_the_fix():
+    # bug: the warning blamed "an earlier error in this process or `torch.compiler.disable`"
+    epoch_of_3 = {**FIT, "max_steps": -1, "max_epochs": 1, "limit_train_batches": 3}  # manual optimization: 2 per step
+    trainer = Trainer(use_compile={"backend": "aot_eager"}, **epoch_of_3)
+    with pytest.warns(UserWarning, match="ran without compiled code") as caught:
+        trainer.fit(LoopedChunks())
+    (warned,) = [str(w.message) for w in caught if "ran without compiled code" in str(w.message)]
+    assert "loop" in warned, warned  # Dynamo's own reason
+    assert "earlier" not in warned, warned  # not a guess
+    assert f"{__file__}:" in warned  # where the graph break is
+    assert "method of its own" in warned  # and what to do about it
+    assert last_summary(trainer).eager_causes == {LOOP_SKIP: 3}, warned
+
+
+class LoopedStepCountedValidation(LoopedChunks):
+    """A training step skipped for its loop, and a validation step that hits the recompile limit on `batch_idx`."""
+
+    def validation_step(self, batch, batch_idx):
+        return super().validation_step(batch * (batch_idx + 1), batch_idx)
+
+
+def test_only_the_steps_whose_own_frame_hit_the_recompile_limit_are_labelled_with_it():
+    # bug: once any frame of the run hit the limit, every later eager step was labelled "recompile limit"
+    trainer = Trainer(
+        use_compile={"backend": "aot_eager", "dynamic": False},
+        **{**QUIET, "max_epochs": 2, "limit_train_batches": 2, "limit_val_batches": 4, "num_sanity_val_steps": 0},
+    )
+    with torch._dynamo.config.patch(**{LIMIT: 2}), pytest.warns(UserWarning, match="recompile limit"):
+        trainer.fit(LoopedStepCountedValidation())
+    summary = last_summary(trainer)
+    assert summary.compiled_steps == {"evaluation": 4}  # batch_idx 0 and 1 of each validation
+    assert summary.eager_causes == {LOOP_SKIP: 4, "recompile limit": 4}
+
+
+class BreaksMidStep(BoringModel):
+    def training_step(self, batch, batch_idx):
+        batch = batch * 2  # a graph of the step's own frame, which runs before the resumed part fails to compile
+        torch._dynamo.graph_break()
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_after_a_fallback_every_step_is_counted_eager_the_failing_one_too(strategy):
+    # bug: the steps after the fallback went uncounted (the model was uncompiled, and with it the counting wrapper),
+    # and the failing step counted as compiled, since a graph of its own ran before the part that failed to compile;
+    # under DDP, the eager rerun of that step called the module's own forward with the step's arguments (the part that
+    # ran had taken the forward redirection off the module already)
+    def failing_after_the_break(gm, example_inputs):
+        if InstructionTranslator.current_tx().f_code.co_name.startswith("torch_dynamo_resume_in_training_step"):
+            raise RuntimeError("cannot compile the rest of the step")
+        return gm.forward
+
+    trainer = Trainer(
+        use_compile={"backend": failing_after_the_break, "fallback": "eager"},
+        strategy=strategy,
+        **{**QUIET, "max_epochs": 2, "limit_train_batches": 3, "limit_val_batches": 2, "num_sanity_val_steps": 0},
+    )
+    with pytest.warns(UserWarning, match="continues uncompiled"):
+        trainer.fit(BreaksMidStep())
+    summary = last_summary(trainer)
+    assert summary.compiled_steps == {}
+    assert summary.eager_steps == {"training": 6, "evaluation": 4}
+    assert summary.eager_causes == {"fallback": 10}
+
+
+class DisabledStep(BoringModel):
+    training_step = torch.compiler.disable(BoringModel.training_step)
+
+
+def test_a_step_marked_compiler_disable_is_labelled_so():
+    # bug: it was labelled "skipped", with a guess between an earlier error and `torch.compiler.disable`
+    trainer = Trainer(use_compile={"backend": "aot_eager"}, **FIT)
+    with pytest.warns(UserWarning, match="marked `torch.compiler.disable`"):
+        trainer.fit(DisabledStep())
+    assert last_summary(trainer).eager_causes == {"torch.compiler.disable": 3}

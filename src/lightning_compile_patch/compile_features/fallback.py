@@ -44,6 +44,10 @@ class _Fallback(_CompileFeature):
         def run(*args: Any, **kwargs: Any) -> Any:
             if self.fell_back:
                 return original(*args, **kwargs)
+            # a wrapper's call (DDP, FSDP) runs the step through the forward redirection, which has put its
+            # `wrapped_forward` on the module: the part that ran before the error may have taken it off already
+            module = connector.trainer.lightning_module if module_call else None
+            redirected = module.__dict__.get("forward") if module is not None else None
             try:
                 return compiled(*args, **kwargs)
             except Exception as error:
@@ -53,6 +57,8 @@ class _Fallback(_CompileFeature):
                 rank_zero_warn(f"{message} It continues uncompiled (`fallback='eager'`).")
                 self.fell_back = True
                 connector.uncompile()
+                if module is not None and redirected is not None:
+                    module.forward = redirected  # the eager call runs the step, not the module's own forward
                 return original(*args, **kwargs)
 
         return run

@@ -3,14 +3,20 @@
 * While compiling: one rank-zero line when the first compiled step of a kind (training, evaluation) starts, and one
   when it has finished, with the seconds. Without them a cold compile looks like a run that hangs at step 0.
 * A warning as soon as any frame hits Dynamo's recompile limit, after which Dynamo runs it uncompiled.
-* Every step that ran no compiled code, whatever the cause (a "skip" mark, the recompile limit,
-  ``torch.compiler.disable``, ``suppress_errors``): counted per stage, and told in one warning with the cause and the
-  fix. The backend is wrapped to count how often its compiled graphs run: a step during which none ran was eager.
+* Every step the strategy runs, counted compiled or eager by kind. A step is compiled when a graph of its own compiled
+  code ran during it: the backend is wrapped so that each graph, when it runs, tells whether it was called from the
+  step's compiled code (a graph of a function that an eager step calls does not count), and steps after a fallback
+  still count, as eager.
+* Each eager step gets the cause of its own frame, told in one warning per cause with the fix: a fallback,
+  ``torch.compiler.disable``, the recompile limit (only where that frame hit it), a frame Dynamo skipped, with
+  Dynamo's own reason from its compilation metrics (a graph break inside a loop skips the whole frame),
+  ``suppress_errors``.
 * At the end: one summary line with graphs, recompiles, graph breaks, compiled and eager steps, and compile seconds.
 
 """
 
 import logging
+import re
 import sys
 import time
 from collections import OrderedDict
@@ -22,7 +28,6 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch._dynamo import convert_frame, utils
-from torch._dynamo.symbolic_convert import InstructionTranslator
 from torch._dynamo.utils import counters
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -85,6 +90,8 @@ class _CompileSummary:
             f"{kind} {self.compiled_steps.get(kind, 0)} compiled / {self.eager_steps.get(kind, 0)} eager"
             for kind in sorted({*self.compiled_steps, *self.eager_steps})
         )
+        if self.eager_causes:
+            steps += f" (eager: {', '.join(f'{n} {cause}' for cause, n in sorted(self.eager_causes.items()))})"
         return (
             f"`use_compile` ({self.stage}, {strategy}, {backend}): {_count(self.graphs, 'graph')},"
             f" {_count(self.recompiles, 'recompile')}, {breaks}{hits}, steps: {steps or 'none'}"
@@ -93,8 +100,20 @@ class _CompileSummary:
         )
 
 
+@dataclass
+class _Step:
+    """One step in progress: what kind it is, and whether a graph of its own compiled code has run during it."""
+
+    kind: str
+    compiled: bool = False
+
+
+#: The steps in progress, innermost last (a compiled run is one at a time in a process: see the connector).
+_STEPS: list[_Step] = []
+
+
 class _CountingBackend:
-    """The run's backend, counting how often the graphs it compiled run."""
+    """The run's backend; each graph it compiled, when it runs, marks the step in progress compiled if it is its own."""
 
     def __init__(self, backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool]) -> None:
         #: The backend, mode and options it stands for, as given.
@@ -103,26 +122,20 @@ class _CountingBackend:
             self.inner: Any = torch._TorchCompileInductorWrapper(mode, options, dynamic)
         else:
             self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
-        #: How often graphs ran: those of a step's own compiled code, and all of them (see `_own_graph`).
-        self.runs = {"own": 0, "all": 0}
         self.__name__ = getattr(self.inner, "compiler_name", "backend")
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
         compiled = self.inner(gm, example_inputs, **kwargs)
-        own = _own_graph(InstructionTranslator.current_tx().f_code)
-        runs = self.runs
 
         def run(*args: Any) -> Any:
-            runs["all"] += 1
-            runs["own"] += own
+            # whose graph this is can only be told when it runs: a graph compiled while a step ran compiled may run
+            # later from a step that runs eagerly (a helper behind a graph break, once the step hit the limit)
+            if _STEPS and not _STEPS[-1].compiled and _runs_in_step_code(sys._getframe(1)):
+                _STEPS[-1].compiled = True
             return compiled(*args)
 
         run._boxed_call = getattr(compiled, "_boxed_call", False)
         return run
-
-    def runs_of(self, module_call: bool) -> int:
-        """How often graphs of steps' own compiled code ran; every graph, for a module's call (it covers them all)."""
-        return self.runs["all" if module_call else "own"]
 
     def __getattr__(self, name: str) -> Any:  # `get_compiler_config`, `reset`, ... of the backend itself
         if "inner" not in self.__dict__:
@@ -138,27 +151,33 @@ class _CountingBackend:
 _OUTPUT_CODES: Any = getattr(convert_frame, "output_codes", ())
 
 
-#: Where the frames between a step's wrapper and its compiled code come from: torch's wrappers, and the features'.
-_PASS_THROUGH = (str(Path(torch.__file__).parent), str(Path(__file__).parent))
-#: The code of the wrapper that `_CompileReport.timed` puts around each step.
+#: Where the frames between a step's wrapper and its compiled code come from: torch's wrappers, and this package's
+#: (the features', and the forward redirection of `lightning_fixes.py`).
+_PASS_THROUGH = (str(Path(torch.__file__).parent), str(Path(__file__).parent.parent))
+#: Code of Lightning's between the wrapper and the step: the forward redirection's `wrapped_forward` (see `setup`).
+_PASS_THROUGH_CODES: set[CodeType] = set()
+#: The code of the wrapper that `_CompileReport.timed` puts around each compiled step.
 _STEP_WRAPPERS: set[CodeType] = set()
 
 
-def _own_graph(compiling: CodeType) -> bool:
-    """Whether the frame Dynamo compiles now runs as part of a step's own compiled code.
+def _runs_in_step_code(frame: Optional[FrameType]) -> bool:
+    """Whether a graph that runs now, called from ``frame``, runs as part of a step's own compiled code.
 
     It does if every frame between it and the step's wrapper runs compiled code (a graph break makes the rest of the
-    step, or a function the step calls, a frame of its own) or belongs to torch or the features. It does not if the
-    step itself ran eager (Dynamo skipped it after an error) and a function it calls was compiled on its own, such as
-    the model's ``forward``: a user's frame runs uncompiled in between.
+    step, or a function the step calls, a frame of its own) or belongs to torch or this package. It does not if the
+    step itself runs eagerly (Dynamo skipped it, or it hit the recompile limit) and a function it calls runs compiled
+    on its own, such as the model's ``forward``: a user's frame runs uncompiled in between.
 
     """
-    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if _contains(_STEP_WRAPPERS, code):
             return True
-        ours = code is compiling or _contains(_OUTPUT_CODES, code) or code.co_filename.startswith(_PASS_THROUGH)
+        ours = (
+            _contains(_OUTPUT_CODES, code)
+            or code.co_filename.startswith(_PASS_THROUGH)
+            or _contains(_PASS_THROUGH_CODES, code)
+        )
         if not ours:
             return False
         frame = frame.f_back
@@ -171,6 +190,108 @@ def _contains(codes: Any, code: CodeType) -> bool:
         return code in codes
     except TypeError:
         return any(item is code for item in codes)
+
+
+def _nested_codes(function: Any) -> set[CodeType]:
+    """The code objects of the functions defined inside ``function`` (``wrapped_forward`` in the redirection)."""
+    code = getattr(getattr(function, "__func__", function), "__code__", None)
+    return {const for const in (code.co_consts if code else ()) if isinstance(const, CodeType)}
+
+
+#: How Dynamo names a frame: ``'training_step' (/path/model.py:12)``, in its recompile-limit message.
+_FUNCTION = re.compile(r"'(?P<name>[^']*)' \((?P<file>.*):(?P<line>\d+)\)")
+_Key = tuple[str, str, int]
+
+
+def _key(code: CodeType) -> _Key:
+    """A frame's code as Dynamo's messages and compilation metrics name it."""
+    return (code.co_name, code.co_filename, code.co_firstlineno)
+
+
+def _step_codes(function: Any) -> tuple[set[_Key], Optional[str]]:
+    """The code of a step function and of what it wraps (a user's decorator), and why it is compiler-disabled, if so.
+
+    ``torch.compiler.disable`` marks its wrapper ``_torchdynamo_disable`` (torch 2.0+), with the ``reason`` given in
+    ``_torchdynamo_disable_msg`` (torch 2.7+).
+
+    """
+    keys: set[_Key] = set()
+    disabled: Optional[str] = None
+    for _ in range(16):  # a chain of wrappers: `functools.partial`, `functools.wraps`, a bound method, `disable`'s
+        if function is None:
+            break
+        if disabled is None and getattr(function, "_torchdynamo_disable", False):
+            disabled = str(getattr(function, "_torchdynamo_disable_msg", None) or "")
+        code = getattr(getattr(function, "__func__", function), "__code__", None)
+        if code is not None:
+            keys.add(_key(code))
+        function = next(
+            (
+                inner
+                for name in ("__wrapped__", "_torchdynamo_orig_callable", "func")
+                if (inner := getattr(function, name, None)) is not None
+            ),
+            None,
+        )
+    return keys, disabled
+
+
+#: Between the parts of Dynamo's message for a graph break that led to another one (torch 2.8+).
+_CHAINED = "*** While handling this graph break, another graph break occurred: ***"
+
+
+def _skip_cause(metrics: Any, suppressed: bool) -> tuple[str, str]:
+    """The cause and explanation of a step whose frame Dynamo failed to compile, from its compilation metrics.
+
+    ``fail_reason`` is Dynamo's own message: on torch 2.8+, each graph break's type on its first line, then its
+    explanation and hints; where one graph break led to another (a break in a loop skips the frame), both in order.
+
+    """
+    fail_type = str(getattr(metrics, "fail_type", "") or "")
+    reason = str(getattr(metrics, "fail_reason", "") or "").strip()
+    parts = [part.strip() for part in reason.split(_CHAINED) if part.strip()] or [fail_type]
+    title = parts[-1].splitlines()[0].strip().rstrip(".:")
+    where = _where(getattr(metrics, "co_filename", None), getattr(metrics, "co_firstlineno", None))
+    name = getattr(metrics, "co_name", "the step")
+    soft = "Unsupported" in fail_type or "SkipFrame" in fail_type  # a graph break, not an error
+    if suppressed and not soft:
+        return "suppressed error", (
+            f"Dynamo failed to compile `{name}` ({where}) with `{fail_type.strip('<>')}: {title}`, and"
+            " `torch._dynamo.config.suppress_errors` hid the error. Set it to `False` to see the error."
+        )
+    if "recompile limit" in title.lower() or "cache_size_limit" in title:  # a hit the log watch did not see
+        return "recompile limit", _LIMIT_HIT
+    in_loop = "loop" in title and "graph break" in title.lower()  # 2.13: "graph break in loop"; 2.6: "Skipping ..."
+    label = "graph break in loop" if in_loop else title
+    explanation = _explanation(parts[-1]) or title
+    behind = ""
+    if len(parts) > 1:  # the graph break behind it, and where it is
+        filename, line = (getattr(metrics, f"fail_user_frame_{what}", None) for what in ("filename", "lineno"))
+        detail = _explanation(parts[0])
+        behind = f" The graph break behind it, at {_where(filename, line)}: {parts[0].splitlines()[0].strip()}"
+        behind += f" ({detail.rstrip('.')})." if detail else "."
+    if in_loop:
+        fix = (
+            " Move what breaks the graph out of the loop, or move the loop's body into a method of its own: Dynamo then"
+            " compiles the body on each iteration, while the loop itself runs uncompiled."
+        )
+    else:
+        fix = " Run with `TORCH_LOGS=graph_breaks` to see the whole reason; keep what Dynamo cannot trace out of it."
+    return f"skipped: {label}", (
+        f"Dynamo skipped the frame `{name}` ({where}) and runs it uncompiled: {explanation.rstrip('.')}.{behind}{fix}"
+    )
+
+
+def _explanation(part: str) -> str:
+    """The ``Explanation:`` line of one part of Dynamo's graph-break message, if it has one (torch 2.8+)."""
+    for line in part.splitlines():
+        if line.strip().startswith("Explanation:"):
+            return line.strip()[len("Explanation:") :].strip()
+    return ""
+
+
+def _where(filename: Optional[str], line: Optional[int]) -> str:
+    return f"{filename}:{line}" if filename else "its code"
 
 
 #: The counting backends of the last configurations, newest last: Dynamo keys compiled code on the backend object, so
@@ -204,12 +325,18 @@ class _RecompileLimitWatch(logging.Filter):
     def __init__(self, hits: list[str]) -> None:
         super().__init__()
         self._hits = hits
+        #: The frames that hit it, as Dynamo names them: name, file, first line.
+        self.keys: set[_Key] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if "hit config." in message and ("recompile_limit" in message or "cache_size_limit" in message):
             function = next((line.strip() for line in message.splitlines() if "function:" in line), "a function")
             self._hits.append(function)
+            found = _FUNCTION.search(function)
+            if found:
+                key = (found["name"], found["file"], int(found["line"]))
+                self.keys.add(key)
             rank_zero_warn(
                 f"`use_compile`: {function} hit Dynamo's recompile limit"
                 f" ({_LIMIT_NAME} = {getattr(torch._dynamo.config, _LIMIT_NAME)}); from now on it runs uncompiled. Its"
@@ -220,13 +347,18 @@ class _RecompileLimitWatch(logging.Filter):
         return True
 
 
-class _CompileReport:
-    """Watches one run: Dynamo's counters, the first compiled steps, and recompile-limit hits."""
+_LIMIT_HIT = "its code hit Dynamo's recompile limit (see the warning above)."
+_STEP_KINDS = {"training_step": "training", "validation_step": "evaluation", "test_step": "evaluation"}
+_STEP_KINDS["predict_step"] = "evaluation"
 
-    def __init__(self, stage: str, strategy: str, backend: str, counting: Optional[_CountingBackend] = None) -> None:
+
+class _CompileReport:
+    """Watches one run: Dynamo's counters, the first compiled steps, recompile-limit hits, and each step."""
+
+    def __init__(self, stage: str, strategy: str, backend: str) -> None:
         self.summary = _CompileSummary(stage)
-        self.backend = counting
-        self._warned_eager = False
+        #: The causes already warned about: each is told once per run.
+        self._warned: set[str] = set()
         #: Whether the run went on uncompiled on purpose (``fallback="eager"``): no warning of our own then.
         self.fell_back: Callable[[], bool] = lambda: False
         self.notes: Callable[[], list[str]] = list
@@ -238,9 +370,11 @@ class _CompileReport:
         self._breaks_before: dict[str, int] = dict(counters["graph_break"])
         self._watch = _RecompileLimitWatch(self.summary.recompile_limit_hits)
         self._first_step: dict[bool, Optional[float]] = {}
+        #: Why the frames of this run's eager steps ran uncompiled, by frame: Dynamo keeps only its last 64 metrics.
+        self._skipped: dict[_Key, tuple[str, str]] = {}
 
     def start(self, connector: _CompileConnector) -> None:
-        """Snapshots the counters and starts watching for recompile-limit hits."""
+        """Snapshots the counters, starts watching for recompile-limit hits, and counts every step of the run."""
         self._start_us = _wall_ns() // 1000
         self._graphs_before = counters["stats"]["unique_graphs"]
         self._breaks_before = dict(counters["graph_break"])
@@ -249,11 +383,37 @@ class _CompileReport:
         logger = logging.getLogger(_RECOMPILE_LIMIT_LOGGER)
         logger.addFilter(self._watch)
         connector.callback(logger.removeFilter, self._watch, scope="run")
+        strategy = connector.trainer.strategy
+        # the strategy's step methods, for the whole run: a step still counts (as eager) once a fallback has
+        # uncompiled the model, and with it the wrappers of `timed`
+        for name, kind in _STEP_KINDS.items():
+            connector.replace(strategy, name, self.counted(getattr(strategy, name), name, kind, connector), scope="run")
+        redirection = getattr(strategy, "_forward_redirection", None)
+        if redirection is not None:  # Lightning's own `wrapped_forward` runs between a wrapper and the step
+            _PASS_THROUGH_CODES.update(_nested_codes(type(redirection).__call__))
+
+    def counted(self, run_step: Callable, name: str, kind: str, connector: _CompileConnector) -> Callable:
+        """Wraps one of the strategy's step methods to count each step it runs as compiled or eager."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            step = _Step(kind)
+            _STEPS.append(step)
+            try:
+                out = run_step(*args, **kwargs)
+            finally:
+                _STEPS.remove(step)
+            # a step that fell back ran eagerly, whatever graphs of its own ran before the part that failed
+            compiled = step.compiled and not self.fell_back()
+            module = connector.trainer.lightning_module
+            self._count_step(kind, compiled, getattr(module, name, None))
+            return out
+
+        return run
 
     def timed(self, compiled: Callable[..., Any], module_call: bool) -> Callable[..., Any]:
         """Wraps a compiled callable to announce the first compiled step of each kind, and how long it took.
 
-        It also counts the steps that ran compiled code of their own (any code, for a module's call).
+        Its code marks where a step's own compiled code starts (see `_runs_in_step_code`).
 
         """
 
@@ -263,46 +423,66 @@ class _CompileReport:
                 self._announce_start(training)
             elif self._first_step[training] is not None:
                 self._announce_done(training)  # a training step ends after its backward: at the next call
-            runs = self.backend.runs_of(module_call) if self.backend is not None else 0
             out = compiled(*args, **kwargs)
             if not training and self._first_step.get(training) is not None:
                 self._announce_done(training)
-            if self.backend is not None:
-                self._count_step("training" if training else "evaluation", self.backend.runs_of(module_call) > runs)
             return out
 
         _STEP_WRAPPERS.add(run.__code__)
         return run
 
-    def _count_step(self, kind: str, compiled: bool) -> None:
+    def _count_step(self, kind: str, compiled: bool, step_function: Any) -> None:
         steps = self.summary.compiled_steps if compiled else self.summary.eager_steps
         steps[kind] = steps.get(kind, 0) + 1
         if compiled:
             return
-        cause, explanation = self._eager_cause()
+        cause, explanation = self._eager_cause(step_function)
         self.summary.eager_causes[cause] = self.summary.eager_causes.get(cause, 0) + 1
-        if not self._warned_eager and not self.fell_back():
-            self._warned_eager = True
+        if cause not in self._warned and cause != "fallback":  # `fallback` warned when it fell back
+            self._warned.add(cause)
             article = "an" if kind[0] in "aeiou" else "a"
             rank_zero_warn(
                 f"`use_compile`: {article} {kind} step ({self.summary.stage}) ran without compiled code: {explanation}"
-                " The run goes on uncompiled where this happens; the summary at the end counts such steps."
+                " The run goes on uncompiled where this happens; the summary at the end counts such steps by cause."
             )
 
-    def _eager_cause(self) -> tuple[str, str]:
-        """Why a step ran eager, as far as the run can tell, and what to do: a short cause and the explanation."""
+    def _eager_cause(self, step_function: Any) -> tuple[str, str]:
+        """Why a step ran eagerly, and what to do: the cause of this step's own frame, and an explanation."""
         if self.fell_back():
             return "fallback", "it fell back to eager after a compile error (`fallback='eager'`)."
-        if self.summary.recompile_limit_hits:
-            return "recompile limit", "it hit Dynamo's recompile limit (see the warning above)."
-        if torch._dynamo.config.suppress_errors:
+        keys, disabled = _step_codes(step_function)
+        if disabled is not None:
+            return "torch.compiler.disable", (
+                f"the step is marked `torch.compiler.disable`{f' ({disabled})' if disabled else ''}, so Dynamo runs it,"
+                " and all it calls, uncompiled. Remove the mark to compile it, or mark only the part that cannot be"
+                " compiled."
+            )
+        if keys & self._watch.keys:
+            return "recompile limit", _LIMIT_HIT
+        suppressed = bool(torch._dynamo.config.suppress_errors)
+        # torch 2.1 has no compilation metrics; each has the frame's name, file and line, and why it failed. Only this
+        # run's: an earlier run's failure of the same code may since have been reset (the compile budget, a failed run)
+        for metrics in reversed(getattr(utils, "get_compilation_metrics", list)()):
+            started_us = getattr(metrics, "start_time_us", None) or (getattr(metrics, "start_time", None) or 0) * 1e6
+            if started_us < self._start_us:
+                break  # newest first: the rest are older still
+            key = (getattr(metrics, "co_name", None), getattr(metrics, "co_filename", None))
+            key += (getattr(metrics, "co_firstlineno", None),)
+            if key in keys and getattr(metrics, "fail_type", None):
+                self._skipped.setdefault(key, _skip_cause(metrics, suppressed))  # type: ignore[arg-type]
+                break
+        for key in keys:
+            if key in self._skipped:
+                return self._skipped[key]
+        if suppressed:
             return "suppressed error", (
                 "Dynamo failed to compile it and `torch._dynamo.config.suppress_errors` hid the error. Set it to"
                 " `False` to see the error."
             )
         return "skipped", (
-            "Dynamo skipped its code, after an earlier error in this process or because of `torch.compiler.disable`."
-            " Run with `TORCH_LOGS=graph_breaks,recompiles` to see why."
+            "Dynamo ran its code uncompiled, and no compile of it failed in this run: it was skipped after an error"
+            " in an earlier run in this process, or marked to be skipped. Run with `TORCH_LOGS=graph_breaks,recompiles`"
+            " to see why."
         )
 
     def _announce_start(self, training: bool) -> None:
@@ -365,8 +545,8 @@ class _RunSummary(_CompileFeature):
         assert trainer.state.fn is not None
         backend = kwargs.get("backend") or "inductor"
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
-        counted, counting = _counting(kwargs)
-        self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend, counting)
+        counted, _ = _counting(kwargs)
+        self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend)
         self._report.fell_back = lambda: any(f.fell_back for f in connector.features)
         self._report.notes = lambda: [note for f in connector.features if (note := f.summary_note)]
         return counted
