@@ -1,0 +1,109 @@
+"""Lists the step appends to (``self.outputs.append(loss.detach())``) never compile the step again.
+
+The docs' pattern for epoch-end work collects each step's output in a list of the module and reads and clears it in
+``on_train_epoch_end``. Dynamo guards on the length of every list a traced step touches, so the step compiled again at
+each new length: once per batch of the first epoch, and eagerly from the recompile limit on (the last batches of every
+epoch).
+
+While a compiled step runs, each list of the module that a step has changed stands behind a view whose methods are
+compiler-disabled: the step's graph breaks at each call on it (``append``, ``len``, indexing), and the call runs on the
+list itself, eagerly, so the step sees what it would see without ``use_compile``. The list is back in place as soon as
+the compiled call returns. A list the steps only read (class names, layer sizes) stays as it is and keeps its guards:
+a list joins the first time a compiled call leaves its length changed.
+
+"""
+
+import functools
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+
+from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature
+
+#: What a step may call on its list, as the view forwards it.
+_FORWARDED = (
+    *(name for name in vars(list) if not name.startswith("_")),
+    "__len__",
+    "__getitem__",
+    "__setitem__",
+    "__delitem__",
+    "__iter__",
+    "__reversed__",
+    "__contains__",
+    "__iadd__",
+    "__bool__",
+    "__eq__",
+    "__repr__",
+)
+
+
+class _ListView:
+    """Stands for a list of the module while a compiled step runs; each call runs on the list, outside the graph."""
+
+    __slots__ = ("_list",)
+    __hash__ = None  # type: ignore[assignment]  # as a list's
+
+    def __init__(self) -> None:
+        self._list: list = []
+
+
+def _forward(name: str) -> Callable[..., Any]:
+    method = getattr(list, name)
+
+    @torch.compiler.disable
+    def forwarded(self: _ListView, *args: Any, **kwargs: Any) -> Any:
+        out = method(self._list, *args, **kwargs)
+        return self if out is self._list else out  # `+=` returns the list: the attribute keeps the view
+
+    return functools.update_wrapper(forwarded, method)
+
+
+for _name in _FORWARDED:
+    if _name == "__bool__":
+        setattr(_ListView, _name, torch.compiler.disable(lambda self: bool(self._list)))
+    else:
+        setattr(_ListView, _name, _forward(_name))
+
+
+class _StepOutputs(_CompileFeature):
+    """Puts a view in place of each list of the module that a compiled step changes, for each compiled call."""
+
+    order = 5  # innermost: the lists are back before anything else sees the module
+
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+        self._module = connector.trainer.lightning_module
+        self._views: dict[str, _ListView] = {}  # one view per name for the run: Dynamo guards on its identity
+        return {}
+
+    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
+        @functools.wraps(original, updated=())
+        def run(*args: Any, **kwargs: Any) -> Any:
+            attributes = vars(self._module)
+            swapped = {}
+            for name, view in self._views.items():
+                value = attributes.get(name)
+                if type(value) is list:
+                    view._list = value
+                    attributes[name] = view
+                    swapped[name] = value
+            lengths = {name: len(value) for name, value in attributes.items() if type(value) is list}
+            try:
+                return compiled(*args, **kwargs)
+            finally:
+                for name, value in swapped.items():
+                    if attributes.get(name) is self._views[name]:  # the step may have set another value
+                        attributes[name] = value
+                    self._views[name]._list = []
+                for name, length in lengths.items():
+                    value = attributes.get(name)
+                    if type(value) is list and len(value) != length:
+                        self._views[name] = _ListView()  # changed by the step: behind a view from the next call on
+
+        return run
+
+    def teardown(self, connector: _CompileConnector) -> None:
+        self._views = {}
+
+
+FEATURE = _StepOutputs
