@@ -15,7 +15,7 @@ a list joins the first time a compiled call leaves its length changed.
 
 import functools
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -71,9 +71,12 @@ class _StepOutputs(_CompileFeature):
 
     order = 5  # innermost: the lists are back before anything else sees the module
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        self._module = connector.trainer.lightning_module
+    def __init__(self, options: Any) -> None:
+        self._module: Optional[Any] = None
         self._views: dict[str, _ListView] = {}  # one view per name for the run: Dynamo guards on its identity
+
+    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+        self._module, self._views = connector.trainer.lightning_module, {}
         return {}
 
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
@@ -103,7 +106,7 @@ class _StepOutputs(_CompileFeature):
         return run
 
     def teardown(self, connector: _CompileConnector) -> None:
-        self._views = {}
+        self._module, self._views = None, {}
 
 
 FEATURE = _StepOutputs
