@@ -98,6 +98,21 @@ class StepOutputs(Pattern):
         self.outputs.clear()
 
 
+class MemoryBank(Pattern):
+    """A queue of the last outputs, concatenated in the step: torch takes only a real list."""
+
+    def __init__(self):
+        super().__init__()
+        self.queue = []
+
+    def objective(self, batch, batch_idx):
+        out = self.layer(batch)
+        self.queue.append(out.detach())
+        if len(self.queue) > 3:
+            self.queue.pop(0)
+        return out.sum() + torch.cat(self.queue).mean()
+
+
 class ManualScheduled(Pattern):
     """Manual optimization, with a scheduler stepped in the step every second epoch."""
 
@@ -217,6 +232,7 @@ CASES = [
     ),
     *(pytest.param(LoggedLearningRate, strategy, marks=NEEDS_SYMBOLIC_FLOATS) for strategy in STRATEGIES),
     *((pattern, strategy) for pattern in (EveryOtherBatch, StepOutputs, ManualScheduled) for strategy in STRATEGIES),
+    (MemoryBank, "auto"),
     (GAN, "auto"),
     (PerClassMetrics, "auto"),
 ]

@@ -8,12 +8,16 @@ epoch).
 While a compiled step runs, each list of the module that a step has changed stands behind a view whose methods are
 compiler-disabled: the step's graph breaks at each call on it (``append``, ``len``, indexing), and the call runs on the
 list itself, eagerly, so the step sees what it would see without ``use_compile``. The list is back in place as soon as
-the compiled call returns. A list the steps only read (class names, layer sizes) stays as it is and keeps its guards:
-a list joins the first time a compiled call leaves its length changed.
+the compiled call returns. A list joins the first time a compiled call leaves its length changed, and only if the
+module's code outside its hooks (``on_*``, ``configure_*``, ...) only calls its methods and subscripts it: a list the
+step passes on (``torch.cat(self.queue)``, ``len(self.queue)``: torch takes only a real list) stays as it is and keeps
+its guards, as does a list no step changes (class names, layer sizes).
 
 """
 
+import dis
 import functools
+import types
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -36,6 +40,69 @@ _FORWARDED = (
     "__eq__",
     "__repr__",
 )
+
+
+#: What the step may call on a list it collects into: the list's methods, which the view forwards.
+_METHODS = tuple(name for name in vars(list) if not name.startswith("_"))
+#: An index or a slice, and the subscript that takes it (``self.outputs[-1]``).
+_INDEX = ("LOAD_CONST", "LOAD_SMALL_INT", "LOAD_FAST", "LOAD_FAST_BORROW", "UNARY_NEGATIVE", "BUILD_SLICE")
+_SUBSCRIPT = ("BINARY_SUBSCR", "BINARY_SLICE", "STORE_SUBSCR", "DELETE_SUBSCR", "BINARY_OP")
+#: Where the module's code runs eagerly, never inside a step: Lightning's hooks, by name.
+_HOOKS = ("__init__", "setup", "teardown", "prepare_data", "state_dict", "load_state_dict")
+_FRAMEWORK = ("lightning", "pytorch_lightning", "lightning_fabric", "torch", "builtins")
+
+
+def _codes(code: types.CodeType) -> Any:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _kept_in_view(instructions: list, index: int) -> bool:
+    """Whether the list loaded at ``index`` only has a method called or is subscripted: it never leaves the step."""
+    if instructions[index].opname != "LOAD_ATTR":
+        return False  # stored or deleted: another list
+    after = instructions[index + 1 : index + 6]
+    if after and ("ATTR" in after[0].opname or "METHOD" in after[0].opname):
+        return after[0].argval in _METHODS
+    loads = 0
+    while loads < len(after) and after[loads].opname in _INDEX:
+        loads += 1
+    return 0 < loads < len(after) and after[loads].opname in _SUBSCRIPT
+
+
+def _used_in_view(code: types.CodeType, name: str) -> Optional[bool]:
+    """Whether every use of the attribute ``name`` in ``code`` is a method call or a subscript (``None``: no use)."""
+    found = None
+    for inner in _codes(code):
+        instructions = [i for i in dis.get_instructions(inner) if i.opname not in ("CACHE", "EXTENDED_ARG", "NOP")]
+        for index, instruction in enumerate(instructions):
+            if instruction.argval == name and ("ATTR" in instruction.opname or "METHOD" in instruction.opname):
+                if not _kept_in_view(instructions, index):
+                    return False
+                found = True
+    return found
+
+
+def _collected_by_steps(cls: type, name: str) -> bool:
+    """Whether the module's own code outside its hooks uses ``self.<name>`` only through its methods and subscripts."""
+    found = False
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] in _FRAMEWORK:
+            continue
+        for attribute, value in vars(klass).items():
+            if attribute in _HOOKS or attribute.startswith(("on_", "configure_")) or attribute.endswith("_dataloader"):
+                continue
+            function = getattr(value, "__func__", getattr(value, "fget", value))
+            code = getattr(function, "__code__", None)
+            if code is None:
+                continue
+            uses = _used_in_view(code, name)
+            if uses is False:
+                return False
+            found = found or bool(uses)
+    return found
 
 
 class _ListView:
@@ -100,8 +167,8 @@ class _StepOutputs(_CompileFeature):
                     self._views[name]._list = []
                 for name, length in lengths.items():
                     value = attributes.get(name)
-                    if type(value) is list and len(value) != length:
-                        self._views[name] = _ListView()  # changed by the step: behind a view from the next call on
+                    if type(value) is list and len(value) != length and _collected_by_steps(type(self._module), name):
+                        self._views[name] = _ListView()  # collected by the step: behind a view from the next call on
 
         return run
 
