@@ -54,7 +54,7 @@ def test_a_compiled_model_without_use_compile_gets_the_reapply_and_nothing_more(
 
 def test_use_compile_builds_the_packages_defaults_and_the_keys_it_sets():
     defaults = ["compile_budget", "compile_errors", "evaluation_no_grad", "log_deferral", "loop_counters", "metrics"]
-    defaults += ["optimize_ddp", "trainer_state"]
+    defaults += ["optimize_ddp", "optimizer_steps", "param_groups", "step_outputs", "trainer_state"]
     assert feature_names(Trainer(use_compile=True)) == sorted([*defaults, "run_summary", "tensor_parallel"])
     with_fallback = Trainer(use_compile={"fallback": "eager"})
     assert feature_names(with_fallback) == sorted([*defaults, "fallback", "run_summary", "tensor_parallel"])

@@ -73,6 +73,8 @@ class _CompileFeature:
     every path. ``order`` only says how ``wrap`` nests, lowest innermost:
 
     ====  ================  =====================================================================
+    5     step_outputs      puts the module's lists behind their views for the compiled call only
+    5     param_groups      refreshes the optimizers' views that a traced ``self.optimizers()`` returns
     10    log_deferral      replays ``self.log`` right after the compiled call, inside the others
     45    compiled_autograd syncs DDP's buffers around the compiled call
     80    fallback          catches a compile error and runs the step eagerly instead

@@ -5,9 +5,16 @@ Dynamo cannot trace it on recent PyTorch, and stopping the trace at each call sp
 Instead, while a step is being traced, ``self.log`` and ``self.log_dict`` only record their arguments; the compiled
 step replays the records eagerly, in order, as soon as it returns. Outside a compiled step both log immediately.
 
+The replacement is traced only as part of the step that calls it, never as a frame of its own. Dynamo compiles it as
+its own frame when the caller runs eagerly (a helper that Dynamo skipped, such as a loop over classes logging each
+one's ``.item()``): it would then guard on the name logged, and compile again for each name, until the recompile limit.
+For the run, Dynamo skips its frame (it still traces it inline), and a call from eager code logs immediately, with
+Dynamo off for Lightning's own ``log``.
+
 """
 
 import functools
+import types
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -19,6 +26,12 @@ from lightning_compile_patch.compile_connector import _CompileConnector, _Compil
 _LOG_METHODS = ("log", "log_dict")
 
 
+def _skip_frame(code: types.CodeType) -> None:
+    """Dynamo runs ``code`` eagerly when it is the frame being compiled; it still inlines it into a traced caller."""
+    skip = getattr(torch._dynamo.eval_frame, "skip_code", None)  # older torch has only the C function
+    (skip or torch._C._dynamo.eval_frame.skip_code)(code)
+
+
 class _LogBoundary:
     """Defers the logging calls of one module while its steps are being traced, and replays them afterwards."""
 
@@ -28,6 +41,10 @@ class _LogBoundary:
         for name in _LOG_METHODS:
             connector.replace(module, name, self._deferring(name))
         connector.callback(self._pending.clear)
+        # one code object for every replacement: skipped as a frame of its own, still traced inline
+        code = self._deferring("log").__code__
+        _skip_frame(code)
+        connector.callback(torch._C._dynamo.eval_frame.reset_code, code)
 
     def _deferring(self, name: str) -> Callable[..., None]:
         """The replacement for one logging method."""
@@ -38,10 +55,15 @@ class _LogBoundary:
                 # a plain list append is a side effect Dynamo replays after the graph; no graph break
                 pending.append((name, args, kwargs))
                 return
-            self.flush()
-            self._eager[name](*args, **kwargs)
+            self._log_now(name, args, kwargs)
 
         return deferring
+
+    @torch.compiler.disable
+    def _log_now(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Logs from eager code, after what was deferred; never compiled (a frame per name would recompile each)."""
+        self.flush()
+        self._eager[name](*args, **kwargs)
 
     def flush(self) -> None:
         """Replays the deferred calls, in the order they were made."""
