@@ -96,3 +96,8 @@ if __name__ == "__main__":
     print(f"seed run finished: model={args.model} steps={result['steps']} mse_after_training={result['loss']:.4f}")
     if result["summary"] is not None:  # with `--model option` the ranks ran the fit, and each logged its summary
         print(f"compiled after the wrap: {result['summary']}")
+    if args.model != "option":  # Dynamo's own counts of this process (a compiled model passed in gets no summary)
+        from torch._dynamo.utils import counters
+
+        breaks = sum(counters["graph_break"].values())
+        print(f"dynamo: graphs={counters['stats']['unique_graphs']} graph_breaks={breaks}")

@@ -48,6 +48,7 @@ elif TARGET == "upstream":
     _module = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_module)
     _CompileConnector.defaults = _module.FEATURE_DEFAULTS
+    _CompileConnector.input_defaults = _module.INPUT_DEFAULTS
 else:
     raise pytest.UsageError(f"LCP_TARGET must be 'package' or 'upstream', got {TARGET!r}")
 

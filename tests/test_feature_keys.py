@@ -2,7 +2,8 @@
 
 | how the model is compiled                  | features built                                           |
 |--------------------------------------------|----------------------------------------------------------|
-| `fit(torch.compile(model))`, no `use_compile` | none: the re-apply alone (no backend replaced, no setting) |
+| `fit(torch.compile(model))`, no `use_compile` | the re-apply, and the features that change the model and its |
+|                                            | Trainer only (`INPUT_DEFAULTS`): no backend, no process-wide setting |
 | `use_compile=True` or a dict               | the package's defaults (`feature_defaults.py`), and the dict's keys |
 | `use_compile={"summary": False, ...}`      | the defaults less the ones the user turned off           |
 """
@@ -28,7 +29,7 @@ def feature_names(trainer):
     return sorted(type(feature).__module__.rpartition(".")[2] for feature in trainer._compile_connector.features)
 
 
-def test_a_compiled_model_without_use_compile_gets_the_reapply_and_nothing_more():
+def test_a_compiled_model_without_use_compile_gets_no_backend_and_no_process_wide_setting():
     # torch's first compile in a process sets TORCHINDUCTOR_CACHE_DIR to its default: do it before the snapshot
     torch.compile(torch.nn.Linear(1, 1), backend="eager")(torch.ones(1, 1))
     config_before, environ_before = dynamo_config.get_config_copy(), dict(os.environ)
@@ -42,7 +43,9 @@ def test_a_compiled_model_without_use_compile_gets_the_reapply_and_nothing_more(
             seen["dynamic_sources"] = torch.compiler.config.dynamic_sources
 
     trainer.fit(torch.compile(Probe(), backend=backend))
-    assert trainer._compile_connector.features == []
+    # only the features that change the model and its Trainer, nothing beyond them
+    local = ["evaluation_no_grad", "log_deferral", "metrics", "param_groups", "step_outputs", "tensor_parallel"]
+    assert feature_names(trainer) == sorted([*local, "trainer_state"])
     assert backend.graphs >= 1  # the user's own backend compiled, not a counting one of the package's
     assert last_summary(trainer) is None
     assert seen["dynamo"] == config_before  # `optimize_ddp` included: nothing was set for the run

@@ -149,6 +149,9 @@ class _CompileConnector:
     #: The features' keys that every ``use_compile`` of this process sets unless it sets them itself: none in Lightning;
     #: a distribution may turn features on by default.
     defaults: ClassVar[Mapping[str, Any]] = _Frozen()
+    #: The features' keys for a compiled model passed in without ``use_compile``: none in Lightning; a distribution may
+    #: turn on features that change nothing beyond the model and its Trainer (no backend, no process-wide setting).
+    input_defaults: ClassVar[Mapping[str, Any]] = _Frozen()
     # [/ladder]
 
     # [ladder !use_compile] def __init__(self, trainer: "pl.Trainer") -> None:
@@ -230,7 +233,11 @@ class _CompileConnector:
         if given is None:
             return
         # [ladder features]
-        if self.features:  # what features change is process-wide: one such run at a time
+        if not self.enabled and self.input_defaults and not self.features:
+            keys = _Frozen(dict(self.input_defaults))
+            self.options = _CompileOptions(_Frozen(), keys)
+            self.features = [feature(self.options) for feature in _feature_classes() if feature.wanted(keys)]
+        if self.enabled and self.features:  # what `use_compile`'s features change is process-wide: one run at a time
             self._claim_the_process()
         self.given = given
         # [/ladder]

@@ -110,6 +110,7 @@ def _configure_as_the_package() -> None:
     spec.loader.exec_module(module)
     connector = importlib.import_module(f"{FLAVOUR}.trainer.connectors.compile_connector")
     connector._CompileConnector.defaults = module.FEATURE_DEFAULTS
+    connector._CompileConnector.input_defaults = module.INPUT_DEFAULTS
 
 
 def _install() -> None:

@@ -784,6 +784,53 @@ Trainer's own `inference_mode` is put back after it.""",
     ),
 )
 
+PARAM_GROUPS = _feature(
+    "param_groups",
+    "Keep the learning rate a step reads from recompiling it under `Trainer(use_compile=...)`",
+    """\
+Dynamo treats an optimizer specially and guards every value of its `param_groups` (the learning
+rate, Adam's betas), so a step that logs `self.optimizers().param_groups[0]["lr"]` under a
+per-step scheduler recompiled at every step until the recompile limit made it run uncompiled.
+With `use_compile={"dynamic_lr": True}`, while a step is traced `self.optimizers()` returns a
+view of each optimizer whose `param_groups` is the optimizer's own list, which Dynamo reads as a
+plain list: the learning rate costs one recompile at its first change and none after.""",
+    InsertAfter(COMPILE_DOCS, "Here are some common scenarios when this can happen:", _doc("param_groups")),
+    "- Fixed a step that reads the learning rate from `self.optimizers()` recompiling at every step under"
+    f' `Trainer(use_compile={{"dynamic_lr": True}})` {ISSUE}',
+    3,
+    fixed=True,
+)
+STEP_OUTPUTS = _feature(
+    "step_outputs",
+    "Keep a list a step appends to from recompiling it under `Trainer(use_compile=...)`",
+    """\
+`self.outputs.append(loss)` in a step, read in `on_train_epoch_end` as the docs show, made
+Dynamo guard on the list's length: two uncompiled steps per epoch. With
+`use_compile={"list_outputs": True}`, during each compiled call a list of the module that the
+step only appends to or indexes stands behind a view whose methods run eagerly on the real list.""",
+    InsertAfter(COMPILE_DOCS, "- You are using dataset with different inputs or shapes", _doc("step_outputs")),
+    "- Fixed a step that appends to a list of the module recompiling under"
+    f' `Trainer(use_compile={{"list_outputs": True}})` {ISSUE}',
+    2,
+    fixed=True,
+)
+OPTIMIZER_STEPS = _feature(
+    "optimizer_steps",
+    "Run manual optimization's optimizer steps outside the graph under `Trainer(use_compile=...)`",
+    """\
+Under manual optimization, `opt.step()` is traced inside the compiled step, so each change of
+the learning rate by a scheduler recompiled the optimizer's code, the recompile limit was hit,
+and the loss drifted from eager's; a GAN recompiled once per optimizer. With
+`use_compile={"eager_optimizer_steps": True}`, `LightningOptimizer.step` and `zero_grad`, each
+scheduler's `step` and `toggle_optimizer`/`untoggle_optimizer` run outside the graph for the
+run.""",
+    InsertAfter(COMPILE_DOCS, "Always compare the speed and memory usage", _doc("optimizer_steps")),
+    "- Fixed manual optimization recompiling at each change of the learning rate under"
+    f' `Trainer(use_compile={{"eager_optimizer_steps": True}})` {ISSUE}',
+    7,
+    fixed=True,
+)
+
 SERIES: tuple[Patch, ...] = (
     FIX_FORWARD_REDIRECTION,
     FIX_FROM_COMPILED,
@@ -804,6 +851,9 @@ SERIES: tuple[Patch, ...] = (
     COMPILE_BUDGET,
     TRAINER_STATE,
     EVALUATION_NO_GRAD,
+    PARAM_GROUPS,
+    STEP_OUTPUTS,
+    OPTIMIZER_STEPS,
 )
 
 

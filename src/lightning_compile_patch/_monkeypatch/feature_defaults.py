@@ -3,8 +3,9 @@
 Upstream (``patches/``), each feature beyond the core does nothing unless its own key is set, so that applying it
 changes nothing for a user who did not ask for it. The package is a distribution of the whole ladder, and turns these
 on whenever ``use_compile`` is set; a key the user sets wins (``use_compile={"summary": False}``). A compiled model
-passed in without ``use_compile`` gets none of them: it is compiled again after the wrap with its own arguments, with
-no backend replaced and no process-wide setting changed.
+passed in without ``use_compile`` is compiled again after the wrap with its own arguments, and gets only the features
+that change nothing beyond the model and its Trainer (``INPUT_DEFAULTS``): no backend is replaced (so no summary) and
+no process-wide setting changed.
 
 """
 
@@ -25,5 +26,21 @@ FEATURE_DEFAULTS = types.MappingProxyType(
         "eager_optimizer_steps": True,  # manual optimization: `opt.step()`, `sch.step()` outside the graph
         "check_tensor_parallel": True,  # refuse what tensor parallelism cannot compile whole, before the first step
         "optimize_ddp": "auto",  # DDP's graph split only with more than one process
+    }
+)
+
+#: The features a compiled model passed in without ``use_compile`` gets: each changes the model or its Trainer only.
+INPUT_DEFAULTS = types.MappingProxyType(
+    {
+        key: FEATURE_DEFAULTS[key]
+        for key in (
+            "defer_logging",  # the module's `log`/`log_dict`
+            "eager_metrics",  # the model's metrics
+            "stage_guards",  # the Trainer's state
+            "no_grad_evaluation",  # the Trainer's evaluation loops
+            "dynamic_lr",  # the module's `optimizers`
+            "list_outputs",  # the module's lists
+            "check_tensor_parallel",  # a check
+        )
     }
 )

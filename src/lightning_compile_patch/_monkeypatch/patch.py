@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 from packaging.version import Version
 
 from lightning_compile_patch._monkeypatch import trainer_api
-from lightning_compile_patch._monkeypatch.feature_defaults import FEATURE_DEFAULTS
+from lightning_compile_patch._monkeypatch.feature_defaults import FEATURE_DEFAULTS, INPUT_DEFAULTS
 from lightning_compile_patch._monkeypatch.flavours import FLAVOUR_RENAMES, connector_module, flavour_module
 
 #: The Lightning releases this patch was tested against; anything else is refused at import.
@@ -174,6 +174,7 @@ def _patch_flavour(flavour: str) -> bool:
     fixes = _install_fixes(flavour)
     connector_cls = connector_module(flavour)._CompileConnector
     connector_cls.defaults = FEATURE_DEFAULTS  # the package's features, on for every `use_compile`
+    connector_cls.input_defaults = INPUT_DEFAULTS  # and those a compiled model passed in gets
 
     originals = {name: getattr(trainer_cls, name) for name in ("__init__", *_RUN_HOOKS, *_ENTRY_POINTS)}
     patched_init = _patched_init(originals["__init__"].__wrapped__, connector_cls)
