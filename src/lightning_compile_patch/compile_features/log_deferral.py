@@ -98,11 +98,17 @@ class _LogBoundary:
 class _LogDeferral(_CompileFeature):
     """Defers ``self.log`` while a step is traced, and replays it after the compiled step (no graph break)."""
 
-    keys = {"defer_logging": "True: `self.log` in a compiled step is replayed right after it, outside the graph"}
+    keys = {"defer_logging": "True (default): `self.log` in a compiled step is replayed after it, outside the graph"}
     order = 10
 
+    @classmethod
+    def wanted(cls, keys: Mapping[str, Any]) -> bool:
+        # on unless turned off: Lightning 2.6's `self.log` fails under Dynamo (master compiler-disables it, #21837)
+        return keys.get("defer_logging", True) is not False
+
     def __init__(self, options: _CompileOptions) -> None:
-        _flag(options, "defer_logging")
+        if "defer_logging" in options.keys:
+            _flag(options, "defer_logging")
         self._boundary: Optional[_LogBoundary] = None
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:

@@ -22,6 +22,16 @@ def restore_env_variables():
 
 
 @pytest.fixture(autouse=True)
+def reset_dynamo():
+    """Each test compiles afresh: Dynamo's recompile budget is per code object for the process, and the tests of many
+    models in one worker share DDP's `_call_impl` (the fork's `compile_budget` rung handles that for users)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def teardown_process_group():
     yield
     from lightning.fabric.utilities.distributed import _destroy_dist_connection

@@ -14,7 +14,7 @@
 import numpy as np
 import torch
 
-from lightning.pytorch import Trainer
+from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tests_pytorch.helpers.runif import RunIf
 
@@ -57,7 +57,9 @@ def test_validate_after_fit_reuses_the_validation_step_fit_compiled(tmp_path):
 
 def test_predict_indexing_with_numpy_runs_compiled_and_gives_eagers_predictions(tmp_path):
     model = IndexedWithNumpy()
+    seed_everything(0)  # the same random data for both
     eager = Trainer(default_root_dir=tmp_path, **_KWARGS).predict(model)
     use_compile = {"backend": "aot_eager", "no_grad_evaluation": True}
+    seed_everything(0)
     compiled = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **_KWARGS).predict(model)
     torch.testing.assert_close(compiled, eager)
