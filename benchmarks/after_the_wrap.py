@@ -180,7 +180,7 @@ def main() -> None:
     reasons = {p: r["break_reasons"] for p, r in results.items()}
     table = "\n".join(rows) + "\n"
     header = (
-        f"torch {torch.__version__}, {args.devices} x {args.accelerator} (ddp_spawn), backend {args.backend},"
+        f"torch {torch.__version__}, {args.devices} x {args.accelerator} (ddp), backend {args.backend},"
         f" GPT {args.layers} layers x {args.width}, {args.steps} steps\n\n"
     )
     (args.out / "after_the_wrap.md").write_text(header + table + f"\ngraph breaks: {json.dumps(reasons)}\n")
