@@ -28,7 +28,6 @@ def reset_dynamo():
     import torch._dynamo
 
     torch._dynamo.reset()
-    yield
 
 
 @pytest.fixture(autouse=True)
