@@ -201,3 +201,16 @@ def test_fallback_eager_covers_an_error_raised_in_dynamos_own_code():
     with pytest.warns(UserWarning, match=r"AssertionError: Guard failed.*continues uncompiled"):
         compiled = predict({"backend": "aot_eager", "fallback": "eager"})
     torch.testing.assert_close(compiled, eager)
+
+
+def test_a_step_called_with_arguments_it_does_not_take_raises_the_users_type_error_as_eager_does():
+    """Lightning's own tests rely on it (`test_invalid_dataloader_idx_raises_step`): no compile error in between."""
+
+    class ExtraArgument(LoggingModel):
+        def validation_step(self, batch, batch_idx, extra):
+            return super().validation_step(batch, batch_idx)
+
+    trainer = Trainer(use_compile={"backend": "aot_eager"}, limit_val_batches=1, **QUIET)
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'extra'") as raised:
+        trainer.validate(ExtraArgument())
+    assert "use_compile" not in str(raised.value)

@@ -44,7 +44,7 @@ def test_a_compiled_model_without_use_compile_gets_no_backend_and_no_process_wid
 
     trainer.fit(torch.compile(Probe(), backend=backend))
     # only the features that change the model and its Trainer, nothing beyond them
-    local = ["evaluation_no_grad", "log_deferral", "metrics", "param_groups", "step_outputs", "tensor_parallel"]
+    local = ["evaluation_no_grad", "log_deferral", "metrics", "step_outputs", "tensor_parallel"]
     assert feature_names(trainer) == sorted([*local, "trainer_state"])
     assert backend.graphs >= 1  # the user's own backend compiled, not a counting one of the package's
     assert last_summary(trainer) is None
@@ -57,7 +57,7 @@ def test_a_compiled_model_without_use_compile_gets_no_backend_and_no_process_wid
 
 def test_use_compile_builds_the_packages_defaults_and_the_keys_it_sets():
     defaults = ["compile_budget", "compile_errors", "evaluation_no_grad", "log_deferral", "loop_counters", "metrics"]
-    defaults += ["optimize_ddp", "optimizer_steps", "param_groups", "step_outputs", "trainer_state"]
+    defaults += ["optimize_ddp", "step_outputs", "trainer_state"]
     assert feature_names(Trainer(use_compile=True)) == sorted([*defaults, "run_summary", "tensor_parallel"])
     with_fallback = Trainer(use_compile={"fallback": "eager"})
     assert feature_names(with_fallback) == sorted([*defaults, "fallback", "run_summary", "tensor_parallel"])

@@ -21,9 +21,7 @@ FEATURE_DEFAULTS = types.MappingProxyType(
         "compile_budget": True,  # each Trainer's runs get their own recompile budget (sweeps in one process)
         "stage_guards": True,  # a step that reads `trainer.state` compiles once per stage (an Enum key is unguarded)
         "no_grad_evaluation": True,  # test and predict under `no_grad` (Dynamo fails on some inference-mode steps)
-        "dynamic_lr": True,  # the learning rate read from `self.optimizers()` in a step does not recompile it
         "list_outputs": True,  # `self.outputs.append(...)` in a step does not recompile it as the list grows
-        "eager_optimizer_steps": True,  # manual optimization: `opt.step()`, `sch.step()` outside the graph
         "check_tensor_parallel": True,  # refuse what tensor parallelism cannot compile whole, before the first step
         "optimize_ddp": "auto",  # DDP's graph split only with more than one process
     }
@@ -38,9 +36,12 @@ INPUT_DEFAULTS = types.MappingProxyType(
             "eager_metrics",  # the model's metrics
             "stage_guards",  # the Trainer's state
             "no_grad_evaluation",  # the Trainer's evaluation loops
-            "dynamic_lr",  # the module's `optimizers`
             "list_outputs",  # the module's lists
             "check_tensor_parallel",  # a check
         )
     }
 )
+
+# Not on by default, for they change what a step sees: `dynamic_lr` (`self.optimizers()` returns views, which are not
+# `Optimizer` instances) and `eager_optimizer_steps` (the optimizers' and schedulers' steps compiler-disabled on their
+# classes, which Lightning's own tests of manual optimization mock). Each is one key away.

@@ -25,6 +25,7 @@
 """
 
 import os
+import re
 import traceback
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
@@ -51,12 +52,20 @@ COMPILE_ERRORS = tuple(
 _DYNAMO_DIR = os.path.dirname(torch._dynamo.__file__) + os.sep
 
 
+#: The interpreter's own errors of a call's arguments, which surface in Dynamo's frame that makes the call.
+_ARGUMENT_BINDING = re.compile(
+    r"\(\) (missing \d+ required|takes (from )?\d+ |got an unexpected keyword|got multiple values)"
+)
+
+
 def is_compile_error(error: BaseException) -> bool:
     """Whether ``error`` is a failure of torch to compile: one of Dynamo's errors, or raised in Dynamo's own code."""
     if isinstance(error, COMPILE_ERRORS):
         return True
     if not isinstance(error, Exception):
         return False  # KeyboardInterrupt, SystemExit: the user's, wherever they arrive
+    if isinstance(error, TypeError) and _ARGUMENT_BINDING.search(str(error)):
+        return False  # a step called with arguments it does not take: the user's error, raised as eager raises it
     frames = traceback.extract_tb(error.__traceback__)
     return bool(frames) and frames[-1].filename.startswith(_DYNAMO_DIR)
 
