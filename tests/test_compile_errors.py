@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import QUIET, LoggingModel, leftovers
+from helpers import QUIET, TORCH_2_13, LoggingModel, leftovers
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 
@@ -168,6 +168,11 @@ class WrappedTypeError(LoggingModel):
         return super().training_step(batch, batch_idx)
 
 
+#: How Dynamo wraps an error of the user's, and the guard failure under inference mode: seen on torch 2.13; 2.6 differs.
+ONLY_2_13 = pytest.mark.skipif(not TORCH_2_13, reason="these errors' wrapping was checked on torch 2.13 only")
+
+
+@ONLY_2_13
 @pytest.mark.parametrize("call", ["torch_op", "builtin"])
 def test_a_type_error_that_dynamo_wraps_reaches_the_users_handler_and_says_how_to_run_the_step_as_written(call):
     for caught in (False, True):
@@ -186,6 +191,7 @@ class IndexedWithNumpy(LoggingModel):
         return self(batch)[:, self.COLUMNS]
 
 
+@ONLY_2_13
 def test_fallback_eager_covers_an_error_raised_in_dynamos_own_code():
     # `trainer.predict` inside the user's own `torch.inference_mode()`: Dynamo raises a plain `AssertionError`
     # ("Guard failed on the same frame it was created"), which is none of its exception classes

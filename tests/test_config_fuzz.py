@@ -81,6 +81,8 @@ def allowed_for(key, value, options):
     if key == "optimize_ddp":
         if value == "python_reducer":
             return {None, ValueError}
+        if value is None:
+            return OK  # unset: torch's own setting applies (the package's default is "auto")
         return OK if any(type(value) is type(c) and value == c for c in OPTIMIZE_DDP) else {ValueError}
     if key == "fallback":
         return OK if value is None or value == "eager" else {ValueError}

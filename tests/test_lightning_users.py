@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from helpers import QUIET, TORCH_2_7, CountingBackend, ManualModel, last_summary, lightning_side
+from helpers import QUIET, TORCH_2_7, TORCH_2_13, CountingBackend, ManualModel, last_summary, lightning_side
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -267,6 +267,7 @@ def run_named_by_stage(use_compile):
     return trainer, model.seen
 
 
+@pytest.mark.skipif(not TORCH_2_13, reason="stage guards are on from torch 2.13, where they were checked")
 def test_a_metric_named_by_the_stage_gets_the_name_and_value_eager_gives_it_in_every_stage():
     _, eager = run_named_by_stage(None)
     # the sanity check's trace ran in every later validation: `sanity_check_loss` each epoch, no `val_loss`, and the

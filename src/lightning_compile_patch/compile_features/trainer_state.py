@@ -17,10 +17,15 @@ its class is put back when the run ends.
 
 from typing import Any, Optional
 
+import torch
+from packaging.version import Version
+
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerState
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 _KEYED = ("fn", "stage")
+#: The torch it was checked on (2.13): on 2.6, a step that read the state made Dynamo recurse until Python's limit.
+_CHECKED = Version(torch.__version__.split("+")[0]) >= Version("2.13")
 
 
 class _KeyedTrainerState(TrainerState):
@@ -77,6 +82,8 @@ class _TrainerStateKeys(_CompileFeature):
         _flag(options, "stage_guards")
 
     def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+        if not _CHECKED:
+            return  # torch 2.6's Dynamo recursed without end on the swapped class; checked on 2.13
         state = connector.trainer.state
         if type(state) is not TrainerState:  # a state of another class (the user's, or keyed already): left alone
             return
