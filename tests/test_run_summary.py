@@ -6,10 +6,11 @@ import pytest
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.symbolic_convert import InstructionTranslator
+from torch.utils.data import DataLoader
 
 from helpers import QUIET, TORCH_2_13, CountingBackend, dynamo_stats, last_summary
 from lightning.pytorch import Callback, Trainer, seed_everything
-from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 
 FIT = {**QUIET, "max_steps": 3, "limit_val_batches": 0}
 
@@ -266,6 +267,52 @@ def test_a_step_dynamo_skips_for_a_graph_break_in_its_loop_is_warned_with_dynamo
     assert f"{__file__}:" in warned  # where the graph break is
     assert "method of its own" in warned  # and what to do about it
     assert last_summary(trainer).eager_causes == {LOOP_SKIP: 3}, warned
+
+
+class ChunksInAMethod(LoopedChunks):
+    """The step only calls a method, which holds the loop: as `neuralforecast`'s `predict_step` calls its own."""
+
+    def training_step(self, batch, batch_idx):
+        self.optimize_in_chunks(batch)
+
+    def optimize_in_chunks(self, batch):
+        opt = self.optimizers()
+        for chunk in batch.split(16, dim=1):
+            loss = self.cell(chunk[:, :16]).sum()
+            opt.zero_grad()
+            self.manual_backward(loss)  # a graph break, inside the loop: Dynamo skips the whole frame
+            opt.step()
+
+
+@CAUSES_FROM_2_13
+def test_a_step_that_only_calls_a_method_dynamo_skips_is_warned_with_that_methods_reason():
+    # bug: the step's own frame compiled no graph and did not fail, so it was warned with a guess ("an earlier error")
+    trainer = Trainer(use_compile={"backend": "aot_eager"}, **{**FIT, "max_steps": -1, "max_epochs": 1})
+    with pytest.warns(UserWarning, match="ran without compiled code") as caught:
+        trainer.fit(ChunksInAMethod(), train_dataloaders=DataLoader(RandomDataset(32, 3 * 2), batch_size=2))
+    (warned,) = [str(w.message) for w in caught if "ran without compiled code" in str(w.message)]
+    assert "`optimize_in_chunks`" in warned, warned  # the frame Dynamo skipped, and why
+    assert "earlier" not in warned, warned
+    assert last_summary(trainer).eager_causes == {LOOP_SKIP: 3}
+
+
+class LoopedValidation(BoringModel):
+    def validation_step(self, batch, batch_idx):
+        for row in batch.split(1):
+            print(end="")  # a graph break, inside the loop: Dynamo skips the whole frame
+            self.log("row", self.step(row), batch_size=1)
+
+
+@CAUSES_FROM_2_13
+def test_a_later_run_of_the_trainer_names_the_cause_its_earlier_run_found():
+    # bug: Dynamo keeps the frame it skipped in `fit` skipped, so `validate` found no failure of its own and guessed
+    trainer = Trainer(use_compile={"backend": "aot_eager"}, **{**QUIET, "max_steps": 1, "limit_val_batches": 2})
+    with pytest.warns(UserWarning, match="ran without compiled code"):
+        trainer.fit(model := LoopedValidation())
+    with pytest.warns(UserWarning, match="ran without compiled code") as caught:
+        trainer.validate(model)
+    assert all("earlier" not in str(w.message) for w in caught)
+    assert last_summary(trainer).eager_causes == {LOOP_SKIP: 2}
 
 
 class LoopedStepCountedValidation(LoopedChunks):

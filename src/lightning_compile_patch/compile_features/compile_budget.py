@@ -8,11 +8,13 @@ eagerly.
 
 So when a run starts for another Trainer than the last compiled run of the process, each code object that Dynamo first
 converted during a compiled run, and that holds more than half of Dynamo's recompile limit in compiled entries (or was
-left "skip" at the limit), is reset: its entries, its count and its mark go, and this Trainer compiles it afresh. Code
-with fewer entries keeps them (a step keeps at most one per grad mode and batch shape class: four), so repeated runs of
-one configuration (cross-validation) reuse their compiled code; code compiled outside the Trainer's runs is left
-alone. The runs of one Trainer (``fit``, then ``validate``, ``test``, ``predict``) share their compiled code: each step
-compiles once for all of them.
+left "skip" at the limit), is reset: its entries, its count and its mark go, and this Trainer compiles it afresh. So is
+code that holds no entry, which Dynamo marked "skip" when it failed to compile it (a graph break in a loop): this
+Trainer tries it again, and its run summary names the cause from this run's own failure, rather than "an earlier error
+in this process". Code with fewer entries keeps them (a step keeps at most one per grad mode and batch shape class:
+four), so repeated runs of one configuration (cross-validation) reuse their compiled code; code compiled outside the
+Trainer's runs is left alone. The runs of one Trainer (``fit``, then ``validate``, ``test``, ``predict``) share their
+compiled code: each step compiles once for all of them.
 
 ``torch.compile(isolate_recompiles=True)`` (torch 2.13+) keeps apart only the frames of one call, not a Trainer's runs,
 and no other torch has it; a reset works on every torch.
@@ -54,8 +56,10 @@ class _CompileBudget(_CompileFeature):
             for start, end in spans:
                 for ref in seen[start:end]:
                     code = ref()
-                    # more entries than a step keeps in steady state (two grad modes, full and partial batches)
-                    if code is not None and len(eval_frame._debug_get_cache_entry_list(code)) > _limit() // 2:
+                    # more entries than a step keeps in steady state (two grad modes, full and partial batches), or
+                    # none: skipped after a failure, or it held no tensor work (trying that again costs next to nothing)
+                    entries = len(eval_frame._debug_get_cache_entry_list(code)) if code is not None else 1
+                    if entries == 0 or entries > _limit() // 2:
                         eval_frame.reset_code(code)  # its entries, its recompile count, its "skip" mark
         _LAST.update(connector=weakref.ref(connector), start=len(seen))
 

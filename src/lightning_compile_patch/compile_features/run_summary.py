@@ -105,6 +105,8 @@ class _Step:
     """One step in progress: what kind it is, and whether a graph of its own compiled code has run during it."""
 
     kind: str
+    #: When it started, in Dynamo's clock for compilation metrics (microseconds since the epoch).
+    started_us: int = 0
     compiled: bool = False
 
 
@@ -264,6 +266,9 @@ def _skip_cause(metrics: Any, suppressed: bool) -> tuple[str, str]:
     in_loop = "loop" in title and "graph break" in title.lower()  # 2.13: "graph break in loop"; 2.6: "Skipping ..."
     label = "graph break in loop" if in_loop else title
     explanation = _explanation(parts[-1]) or title
+    context = _explanation(parts[-1], "Developer debug context:")
+    if context.startswith("raised exception"):  # what Dynamo saw raised: "raised exception AttributeError(...)"
+        explanation = f"{explanation.rstrip('.')} ({context[:300]})"
     behind = ""
     if len(parts) > 1:  # the graph break behind it, and where it is
         filename, line = (getattr(metrics, f"fail_user_frame_{what}", None) for what in ("filename", "lineno"))
@@ -282,11 +287,11 @@ def _skip_cause(metrics: Any, suppressed: bool) -> tuple[str, str]:
     )
 
 
-def _explanation(part: str) -> str:
-    """The ``Explanation:`` line of one part of Dynamo's graph-break message, if it has one (torch 2.8+)."""
+def _explanation(part: str, label: str = "Explanation:") -> str:
+    """The ``Explanation:`` line, or another ``label``'s, of one part of Dynamo's graph-break message (torch 2.8+)."""
     for line in part.splitlines():
-        if line.strip().startswith("Explanation:"):
-            return line.strip()[len("Explanation:") :].strip()
+        if line.strip().startswith(label):
+            return line.strip()[len(label) :].strip()
     return ""
 
 
@@ -355,7 +360,7 @@ _STEP_KINDS["predict_step"] = "evaluation"
 class _CompileReport:
     """Watches one run: Dynamo's counters, the first compiled steps, recompile-limit hits, and each step."""
 
-    def __init__(self, stage: str, strategy: str, backend: str) -> None:
+    def __init__(self, stage: str, strategy: str, backend: str, skipped: dict[_Key, tuple[str, str]]) -> None:
         self.summary = _CompileSummary(stage)
         #: The causes already warned about: each is told once per run.
         self._warned: set[str] = set()
@@ -370,8 +375,9 @@ class _CompileReport:
         self._breaks_before: dict[str, int] = dict(counters["graph_break"])
         self._watch = _RecompileLimitWatch(self.summary.recompile_limit_hits)
         self._first_step: dict[bool, Optional[float]] = {}
-        #: Why the frames of this run's eager steps ran uncompiled, by frame: Dynamo keeps only its last 64 metrics.
-        self._skipped: dict[_Key, tuple[str, str]] = {}
+        #: Why the frames of eager steps ran uncompiled, by frame, for every run of the Trainer: Dynamo keeps only its
+        #: last 64 metrics, and a frame it skipped in ``fit`` stays skipped in the same Trainer's ``validate``.
+        self._skipped = skipped
 
     def start(self, connector: _CompileConnector) -> None:
         """Snapshots the counters, starts watching for recompile-limit hits, and counts every step of the run."""
@@ -396,7 +402,7 @@ class _CompileReport:
         """Wraps one of the strategy's step methods to count each step it runs as compiled or eager."""
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            step = _Step(kind)
+            step = _Step(kind, started_us=_wall_ns() // 1000)
             _STEPS.append(step)
             try:
                 out = run_step(*args, **kwargs)
@@ -405,7 +411,7 @@ class _CompileReport:
             # a step that fell back ran eagerly, whatever graphs of its own ran before the part that failed
             compiled = step.compiled and not self.fell_back()
             module = connector.trainer.lightning_module
-            self._count_step(kind, compiled, getattr(module, name, None))
+            self._count_step(step, compiled, getattr(module, name, None))
             return out
 
         return run
@@ -431,12 +437,13 @@ class _CompileReport:
         _STEP_WRAPPERS.add(run.__code__)
         return run
 
-    def _count_step(self, kind: str, compiled: bool, step_function: Any) -> None:
+    def _count_step(self, step: _Step, compiled: bool, step_function: Any) -> None:
+        kind = step.kind
         steps = self.summary.compiled_steps if compiled else self.summary.eager_steps
         steps[kind] = steps.get(kind, 0) + 1
         if compiled:
             return
-        cause, explanation = self._eager_cause(step_function)
+        cause, explanation = self._eager_cause(step_function, step.started_us)
         self.summary.eager_causes[cause] = self.summary.eager_causes.get(cause, 0) + 1
         if cause not in self._warned and cause != "fallback":  # `fallback` warned when it fell back
             self._warned.add(cause)
@@ -446,8 +453,13 @@ class _CompileReport:
                 " The run goes on uncompiled where this happens; the summary at the end counts such steps by cause."
             )
 
-    def _eager_cause(self, step_function: Any) -> tuple[str, str]:
-        """Why a step ran eagerly, and what to do: the cause of this step's own frame, and an explanation."""
+    def _eager_cause(self, step_function: Any, step_started_us: int) -> tuple[str, str]:
+        """Why a step ran eagerly, and what to do: the cause of this step's own frame, and an explanation.
+
+        Where the step's own frame compiled no graph and did not fail (a step that only calls a method, whose frame
+        Dynamo skipped), the cause is the first frame that failed to compile while the step ran.
+
+        """
         if self.fell_back():
             return "fallback", "it fell back to eager after a compile error (`fallback='eager'`)."
         keys, disabled = _step_codes(step_function)
@@ -462,15 +474,24 @@ class _CompileReport:
         suppressed = bool(torch._dynamo.config.suppress_errors)
         # torch 2.1 has no compilation metrics; each has the frame's name, file and line, and why it failed. Only this
         # run's: an earlier run's failure of the same code may since have been reset (the compile budget, a failed run)
+        callee = None
         for metrics in reversed(getattr(utils, "get_compilation_metrics", list)()):
             started_us = getattr(metrics, "start_time_us", None) or (getattr(metrics, "start_time", None) or 0) * 1e6
             if started_us < self._start_us:
                 break  # newest first: the rest are older still
+            if not getattr(metrics, "fail_type", None):
+                continue
             key = (getattr(metrics, "co_name", None), getattr(metrics, "co_filename", None))
             key += (getattr(metrics, "co_firstlineno", None),)
-            if key in keys and getattr(metrics, "fail_type", None):
+            if key in keys:
                 self._skipped.setdefault(key, _skip_cause(metrics, suppressed))  # type: ignore[arg-type]
+                callee = None
                 break
+            if started_us >= step_started_us:
+                callee = metrics  # newest first: the earliest failure while this step ran, at the end
+        if callee is not None and not keys & self._skipped.keys():
+            for key in keys:
+                self._skipped[key] = _skip_cause(callee, suppressed)
         for key in keys:
             if key in self._skipped:
                 return self._skipped[key]
@@ -538,6 +559,7 @@ class _RunSummary(_CompileFeature):
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "summary")
         self._report: Optional[_CompileReport] = None
+        self._skipped: dict[_Key, tuple[str, str]] = {}
 
     def compile_kwargs(self, connector: _CompileConnector, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
         # every compile of the run (regions, compiled autograd) runs the counting backend
@@ -546,7 +568,7 @@ class _RunSummary(_CompileFeature):
         backend = kwargs.get("backend") or "inductor"
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
         counted, _ = _counting(kwargs)
-        self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend)
+        self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend, self._skipped)
         self._report.fell_back = lambda: any(f.fell_back for f in connector.features)
         self._report.notes = lambda: [note for f in connector.features if (note := f.summary_note)]
         return counted
