@@ -87,7 +87,7 @@ def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
 def tests(session: nox.Session) -> None:
     """The behaviour suite against stock Lightning with `import lightning_compile_patch`, on torch 2.13.0."""
     install(session, "test")
-    pytest_args = ("-n", PYTEST_WORKERS, "--ignore=tests/real_models", *session.posargs)
+    pytest_args = ("-n", PYTEST_WORKERS, "--ignore=tests/real_models", "--ignore=tests/downstream", *session.posargs)
     session.run("python", "-m", "pytest", *pytest_args, env={"LCP_TARGET": "package"})
 
 
@@ -100,9 +100,38 @@ def tests_torch(session: nox.Session, torch: str) -> None:
     # the benchmark smoke runs and the seed script check the project's scripts, not behaviour: on 2.13.0 only; the
     # slow tests (multi-process and inductor cases, about two thirds of the suite's time) run on 2.13.0 in `tests`,
     # which keeps CI under 50 minutes: `-- -m ""` runs them here too
-    skip = ("--ignore=tests/real_models", "--ignore=tests/test_benchmarks.py", "--ignore=tests/test_seed.py")
+    skip = ("--ignore=tests/real_models", "--ignore=tests/downstream", "--ignore=tests/test_benchmarks.py")
+    skip += ("--ignore=tests/test_seed.py",)
     pytest_args = ("-n", PYTEST_WORKERS, *skip, "-m", "not slow", *session.posargs)
     session.run("python", "-m", "pytest", *pytest_args, env={"LCP_TARGET": "package"})
+
+
+#: Libraries built on Lightning, each of which builds its own Trainer from its user's arguments (`tests/downstream`):
+#: the module each case needs, and its pin on the package registry.
+DOWNSTREAM = {
+    "neuralforecast": "neuralforecast==3.3.0",
+    "darts": "darts==0.48.1",
+    "pytorch_tabular": "pytorch-tabular==1.2.0",
+    "pytorch_forecasting": "pytorch-forecasting==1.8.0",
+}
+
+
+@nox.session
+@nox.parametrize("libraries", ["all", "pytorch_tabular,pytorch_forecasting"])
+@discards_env
+def downstream(session: nox.Session, libraries: str) -> None:
+    """Models of libraries built on Lightning, trained eager and with `use_compile` passed through their own arguments.
+
+    `downstream(libraries='all')` installs all four (with Ray, Optuna, statsmodels: a few minutes); CI runs the two
+    whose installs are small. Options after `--` go to pytest.
+    """
+    install(session, "test")
+    chosen = list(DOWNSTREAM) if libraries == "all" else libraries.split(",")
+    constraints = Path(session.virtualenv.location) / "constraints.txt"
+    constraints.write_text(constraints.read_text() + "".join(f"{pin}\n" for pin in LIGHTNING))
+    session.install("-c", str(constraints), *(DOWNSTREAM[name] for name in chosen))
+    pytest_args = ("-n", PYTEST_WORKERS, "tests/downstream", *session.posargs)
+    session.run("python", "-m", "pytest", *pytest_args, env={"LCP_DOWNSTREAM": ",".join(chosen)})
 
 
 @nox.session
@@ -179,7 +208,8 @@ def parity(session: nox.Session) -> None:
     session.run("git", "-C", str(base), "am", "-q", "--include=src/*", *series, external=True, env=git_identity)
     session.install("--no-deps", "--force-reinstall", str(base))
     # the slow tests (multi-process and inductor cases) run against the package in `tests`; the rest here
-    suite = ("-n", PYTEST_WORKERS, "--ignore=tests/real_models", "-m", "not slow", *session.posargs)
+    suite = ("-n", PYTEST_WORKERS, "--ignore=tests/real_models", "--ignore=tests/downstream", "-m", "not slow")
+    suite += tuple(session.posargs)
     session.run("python", "-m", "pytest", *suite, env={"LCP_TARGET": "upstream"})
     harness = str(ROOT / "tools" / "upstream" / "harness")
     session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, "tools/upstream/tests", env={"PYTHONPATH": harness})
