@@ -130,8 +130,16 @@ def downstream(session: nox.Session, libraries: str) -> None:
     constraints = Path(session.virtualenv.location) / "constraints.txt"
     constraints.write_text(constraints.read_text() + "".join(f"{pin}\n" for pin in LIGHTNING))
     session.install("-c", str(constraints), *(DOWNSTREAM[name] for name in chosen))
+    table = ROOT / ".nox" / "downstream.md"  # each case's steps, compiled and eager, and why
+    table.unlink(missing_ok=True)
     pytest_args = ("-n", PYTEST_WORKERS, "tests/downstream", *session.posargs)
-    session.run("python", "-m", "pytest", *pytest_args, env={"LCP_DOWNSTREAM": ",".join(chosen)})
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *pytest_args,
+        env={"LCP_DOWNSTREAM": ",".join(chosen), "LCP_DOWNSTREAM_TABLE": str(table)},
+    )
 
 
 @nox.session

@@ -1,4 +1,4 @@
-"""A property that raises ``AttributeError`` falls back to ``__getattr__`` in Python, not under Dynamo (torch 2.13, CPU).
+"""A property raising ``AttributeError`` falls back to ``__getattr__`` in Python, not under Dynamo (torch 2.13, CPU).
 
     python docs/repros/property_attribute_error_fallback.py [--backend eager|aot_eager|inductor]
 
@@ -20,21 +20,28 @@ from torch import nn
 
 
 class Base(nn.Module):
+    """Assigns its head as a plain attribute, as pytorch-tabular's base model does."""
+
     def __init__(self) -> None:
         super().__init__()
         self.head = nn.Linear(4, 2)  # nn.Module.__setattr__: into `_modules`, past the subclass's property
 
 
 class Model(Base):
+    """Reads its head through a property over an attribute that was never set."""
+
     @property
     def head(self) -> nn.Module:
+        """The head, as ``CategoryEmbeddingModel.head`` reads it."""
         return self._head  # AttributeError: Python then calls nn.Module.__getattr__("head")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The head's output."""
         return self.head(x)
 
 
 def main() -> int:
+    """Runs the model eagerly, then compiled; 1 while the compiled call fails."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", default="eager")
     backend = parser.parse_args().backend

@@ -11,6 +11,7 @@ guess ("skipped") and never a budget used up by an earlier case.
 import importlib
 import logging
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -240,6 +241,14 @@ CASES = {
 }
 
 
+def steps_line(summary: Any) -> str:
+    """``fit: training 12 compiled, evaluation 3 eager (skipped: graph break in loop)``."""
+    kinds = sorted({*summary.compiled_steps, *summary.eager_steps})
+    steps = [f"{k} {summary.compiled_steps.get(k, 0)} compiled, {summary.eager_steps.get(k, 0)} eager" for k in kinds]
+    causes = f" ({', '.join(sorted(summary.eager_causes))})" if summary.eager_causes else ""
+    return f"{summary.stage}: {'; '.join(steps)}{causes}"
+
+
 def close(got: Any, want: Any) -> bool:
     return np.allclose(np.asarray(got, dtype=float), np.asarray(want, dtype=float), rtol=RTOL, atol=ATOL)
 
@@ -271,6 +280,9 @@ def test_a_library_model_trains_compiled_as_it_trains_eager(case):
     for where, causes in eager_steps.items():
         assert eager_causes[where] in causes, (where, causes)
     assert {c for s in summaries for c in s.eager_causes} <= set(eager_causes.values()), summaries
+    if os.environ.get("LCP_DOWNSTREAM_TABLE"):  # one row per case, for docs/compatibility.md (`nox -s downstream`)
+        with open(os.environ["LCP_DOWNSTREAM_TABLE"], "a") as table:
+            table.write(f"| {case} | {' / '.join(steps_line(s) for s in summaries)} |\n")
     warned = " ".join(str(w.message) for w in caught)
     for cause in set(eager_causes.values()):
         told = "It continues uncompiled (`fallback='eager'`)" if cause == "fallback" else "ran without compiled code"
