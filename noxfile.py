@@ -39,7 +39,10 @@ LIGHTNING_MASTER = os.environ.get(
 OTHER_TORCH = ("2.6.0", "2.9.1", "2.14.1")
 CI_TORCH = ("2.6.0", "2.14.1")
 CI_SESSIONS = ["lint", "tests", "real_models", "wheel", "parity", "lightning_suite"]
-nox.options.sessions = [*CI_SESSIONS, *(f"tests_torch(torch='{t}')" for t in CI_TORCH)]
+#: The libraries of `downstream` that CI installs: the two with small installs (the others bring Ray, Optuna, numba).
+CI_DOWNSTREAM = "pytorch_tabular,pytorch_forecasting"
+nox.options.sessions = [*CI_SESSIONS, f"downstream(libraries='{CI_DOWNSTREAM}')"]
+nox.options.sessions += [f"tests_torch(torch='{t}')" for t in CI_TORCH]
 
 
 def discards_env(run: Callable[..., None]) -> Callable[..., None]:
@@ -117,7 +120,7 @@ DOWNSTREAM = {
 
 
 @nox.session
-@nox.parametrize("libraries", ["all", "pytorch_tabular,pytorch_forecasting"])
+@nox.parametrize("libraries", ["all", CI_DOWNSTREAM])
 @discards_env
 def downstream(session: nox.Session, libraries: str) -> None:
     """Models of libraries built on Lightning, trained eager and with `use_compile` passed through their own arguments.
