@@ -24,10 +24,15 @@ class Sized(BoringModel):
         self.layer = nn.Sequential(*hidden, nn.Linear(32, width), nn.Linear(width, 2))
 
 
-def trial(strategy, width, depth, **kwargs):
+#: Every trial's Trainer, newest last: a trial that raises returns none.
+TRAINERS = []
+
+
+def trial(strategy, width, depth, model=None, **kwargs):
     options = {**QUIET, "max_steps": 3, "limit_val_batches": 2, "val_check_interval": 3, "num_sanity_val_steps": 0}
     trainer = Trainer(strategy=strategy, use_compile={"backend": "eager"}, **{**options, **kwargs})
-    model = Sized(width, depth)
+    model = model or Sized(width, depth)
+    TRAINERS.append(trainer)
     trainer.fit(model)
     return trainer, model
 
@@ -68,3 +73,26 @@ def test_each_trial_names_the_cause_of_a_step_dynamo_skipped_from_its_own_run():
             trainer.fit(LoopedEvaluation(width=8 + number, depth=1))
         causes.append(last_summary(trainer).eager_causes)
     assert causes == [{"skipped: graph break in loop": 2}] * 3
+
+
+def stops_at(batch: int) -> Sized:
+    """A trial that raises in the validation step of its second epoch: Lightning's test of a restarted fit loop."""
+
+    class Stops(Sized):  # a new class per trial, the same code
+        def validation_step(self, batch_, batch_idx):
+            if self.current_epoch == 1 and batch_idx == batch:
+                raise ValueError("stop this trial")
+            return super().validation_step(batch_, batch_idx)
+
+    return Stops(width=8, depth=1)
+
+
+def test_trials_that_raise_in_their_step_each_compile_that_step():
+    # bug: Dynamo marked the step "skip" when it traced a `raise`, keeping its entries; from the third trial on the
+    # step ran eagerly, warned with a guess (Lightning's test_loop_restart_progress_multiple_dataloaders, one process)
+    options = {"max_steps": -1, "max_epochs": 2, "limit_train_batches": 1, "limit_val_batches": 3}
+    for batch in [0, 1, 2, 0, 1]:
+        with pytest.raises(ValueError, match="stop this trial"):
+            trial("auto", width=8, depth=1, model=stops_at(batch), val_check_interval=1, **options)
+        summary = last_summary(TRAINERS[-1])
+        assert summary.eager_steps == {}, (batch, summary)

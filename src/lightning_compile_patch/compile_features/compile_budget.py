@@ -21,6 +21,8 @@ and no other torch has it; a reset works on every torch.
 
 """
 
+import time
+import types
 import weakref
 from typing import Any, Optional
 
@@ -30,8 +32,9 @@ from torch._dynamo.convert_frame import input_codes
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 #: The Trainer whose run compiled last in this process, and the spans of ``input_codes.seen`` that compiled runs added
-#: (adjacent runs share one span, so this stays as short as the runs are interleaved with code compiled outside them).
-_LAST: dict[str, Any] = {"connector": None, "start": None, "spans": []}
+#: (adjacent runs share one span, so this stays as short as the runs are interleaved with code compiled outside them),
+#: and the code that failed to compile in that Trainer's runs (weak references; emptied when another Trainer starts).
+_LAST: dict[str, Any] = {"connector": None, "start": None, "spans": [], "started_us": None, "failed": []}
 
 
 def _limit() -> int:
@@ -61,7 +64,14 @@ class _CompileBudget(_CompileFeature):
                     entries = len(eval_frame._debug_get_cache_entry_list(code)) if code is not None else 1
                     if entries == 0 or entries > _limit() // 2:
                         eval_frame.reset_code(code)  # its entries, its recompile count, its "skip" mark
-        _LAST.update(connector=weakref.ref(connector), start=len(seen))
+            # code that failed to compile after it had compiled entries (a step that raised in one of its branches):
+            # Dynamo marked it "skip" with its entries kept
+            for ref in _LAST["failed"]:
+                code = ref()
+                if code is not None:
+                    eval_frame.reset_code(code)
+            _LAST["failed"] = []
+        _LAST.update(connector=weakref.ref(connector), start=len(seen), started_us=time.time_ns() // 1000)
 
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "compile_budget")
@@ -70,11 +80,24 @@ class _CompileBudget(_CompileFeature):
         start, end, spans = _LAST["start"], len(input_codes.seen), _LAST["spans"]
         if start is None or start > end:
             return
+        _LAST["failed"] += _failed_codes(_LAST["started_us"])
         if spans and spans[-1][1] == start:
             spans[-1][1] = end
         else:
             spans.append([start, end])
         _LAST["start"] = None
+
+
+def _failed_codes(since_us: int) -> list["weakref.ref[types.CodeType]"]:
+    """The code Dynamo failed to compile since ``since_us``, from its compilation metrics (none on torch 2.1)."""
+    failed = set()
+    for metrics in getattr(torch._dynamo.utils, "get_compilation_metrics", list)():
+        if getattr(metrics, "fail_type", None) and (getattr(metrics, "start_time_us", None) or 0) >= since_us:
+            failed.add((metrics.co_name, metrics.co_filename, metrics.co_firstlineno))
+    if not failed:
+        return []
+    codes = (ref() for ref in input_codes.seen)
+    return [weakref.ref(c) for c in codes if c is not None and (c.co_name, c.co_filename, c.co_firstlineno) in failed]
 
 
 FEATURE = _CompileBudget
