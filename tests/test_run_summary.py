@@ -378,3 +378,20 @@ def test_a_step_marked_compiler_disable_is_labelled_so():
     with pytest.warns(UserWarning, match="marked `torch.compiler.disable`"):
         trainer.fit(DisabledStep())
     assert last_summary(trainer).eager_causes == {"torch.compiler.disable": 3}
+
+
+class FlagsOnly(BoringModel):
+    def validation_step(self, batch, batch_idx):
+        self.validated = True  # no tensor: Dynamo compiles the frame and finds no graph
+
+
+@CAUSES_FROM_2_13
+def test_a_step_with_no_tensor_work_is_labelled_so_in_every_trainer():
+    # bug: it was labelled "skipped", with a guess at an earlier error, though Dynamo compiled it and had nothing to run
+    causes = []
+    for _ in range(2):  # the second Trainer finds the code compiled already, with no graph in it
+        trainer = Trainer(use_compile={"backend": "aot_eager"}, **{**QUIET, "max_steps": 1, "limit_val_batches": 2})
+        with pytest.warns(UserWarning, match="no tensor operation"):
+            trainer.fit(FlagsOnly())
+        causes.append(last_summary(trainer).eager_causes)
+    assert causes == [{"no tensor work": 2}] * 2

@@ -210,6 +210,27 @@ def _key(code: CodeType) -> _Key:
     return (code.co_name, code.co_filename, code.co_firstlineno)
 
 
+_NO_TENSOR_WORK = (
+    "Dynamo compiled its code and found no tensor operation in it (it sets attributes, logs Python numbers), so it has"
+    " no graph to run: it is none the slower for it."
+)
+
+
+def _codes(function: Any) -> list[CodeType]:
+    """The code objects of a step function and of the function it wraps, if any."""
+    found = []
+    for item in (function, getattr(function, "__wrapped__", None)):
+        code = getattr(getattr(item, "__func__", item), "__code__", None)
+        if code is not None:
+            found.append(code)
+    return found
+
+
+def _entries(code: CodeType) -> int:
+    """How many compiled entries Dynamo holds for ``code``."""
+    return len(torch._C._dynamo.eval_frame._debug_get_cache_entry_list(code))
+
+
 def _step_codes(function: Any) -> tuple[set[_Key], Optional[str]]:
     """The code of a step function and of what it wraps (a user's decorator), and why it is compiler-disabled, if so.
 
@@ -475,14 +496,17 @@ class _CompileReport:
         # torch 2.1 has no compilation metrics; each has the frame's name, file and line, and why it failed. Only this
         # run's: an earlier run's failure of the same code may since have been reset (the compile budget, a failed run)
         callee = None
+        graphless = False
         for metrics in reversed(getattr(utils, "get_compilation_metrics", list)()):
             started_us = getattr(metrics, "start_time_us", None) or (getattr(metrics, "start_time", None) or 0) * 1e6
             if started_us < self._start_us:
                 break  # newest first: the rest are older still
-            if not getattr(metrics, "fail_type", None):
-                continue
             key = (getattr(metrics, "co_name", None), getattr(metrics, "co_filename", None))
             key += (getattr(metrics, "co_firstlineno", None),)
+            if not getattr(metrics, "fail_type", None):
+                # converted, with no graph: the step's own code computes no tensor (it sets flags, logs numbers)
+                graphless |= key in keys and not getattr(metrics, "graph_op_count", None)
+                continue
             if key in keys:
                 self._skipped.setdefault(key, _skip_cause(metrics, suppressed))  # type: ignore[arg-type]
                 callee = None
@@ -495,6 +519,12 @@ class _CompileReport:
         for key in keys:
             if key in self._skipped:
                 return self._skipped[key]
+        # converted with no graph in this run, or earlier (its entries hold no graph, or none would have run)
+        if graphless or any(_entries(code) for code in _codes(step_function)):
+            cause = ("no tensor work", _NO_TENSOR_WORK)
+            for key in keys:
+                self._skipped[key] = cause
+            return cause
         if suppressed:
             return "suppressed error", (
                 "Dynamo failed to compile it and `torch._dynamo.config.suppress_errors` hid the error. Set it to"
