@@ -212,16 +212,15 @@ class _CompileConnector:
             return model
         # [/ladder]
         _verify_strategy_supports_compile(None, self.trainer.strategy)  # where Lightning checks a compiled model
-        # [ladder !use_compile] if getattr(model, "_compile_kwargs", None) is None:
-        if not self.enabled and getattr(model, "_compile_kwargs", None) is None:  # [ladder use_compile]
+        # [ladder use_compile]
+        if self.enabled:  # its arguments are not needed: it may have been compiled before `lightning` was imported
+            rank_zero_warn("The model passed in is compiled and `Trainer(use_compile)` is set too: `use_compile` wins.")
+            return model._orig_mod
+        # [/ladder]
+        if getattr(model, "_compile_kwargs", None) is None:
             rank_zero_warn("The model was compiled before `lightning` was imported: it is not compiled after the wrap.")
             return model
         module, compile_kwargs = _unwrap_compiled(model)
-        # [ladder use_compile]
-        if self.enabled:
-            rank_zero_warn("The model passed in is compiled and `Trainer(use_compile)` is set too: `use_compile` wins.")
-            return module
-        # [/ladder]
         self._input_kwargs = dict(compile_kwargs or {})
         return module
 
@@ -281,9 +280,10 @@ class _CompileConnector:
             # [/ladder]
             return
         # no wrapper (one device, or a stage without one): the strategy calls the step methods directly
-        given = module.__dict__.get("_compile_kwargs")  # torch keeps the compiled input's arguments on the module
-        from_compiled(torch.compile(module, **kwargs))  # type: ignore[arg-type]
-        module.__dict__.update({"_compile_kwargs": given} if given is not None else {})
+        compile_fn = torch.compile  # without Fabric's capture, which deep-copies the arguments onto the module
+        while compile_fn.__code__.co_name == "_capture":  # one per Lightning package
+            compile_fn = compile_fn.__wrapped__  # type: ignore[attr-defined]
+        from_compiled(compile_fn(module, **kwargs))
         self.callback(to_uncompiled, module)
         # [ladder features]
         assert module._compiler_ctx is not None

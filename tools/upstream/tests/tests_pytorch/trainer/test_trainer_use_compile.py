@@ -325,3 +325,39 @@ def test_use_compile_ddp_multi_gpu(tmp_path):
     trainer.fit(LoggingModel())
     assert calls.wrapper_types["train"] is DistributedDataParallel
     assert all(calls.calls["train"])
+
+
+class LockedBackend(CountingBackend):
+    """A backend that holds a lock, so it cannot be deep-copied (as a profiler or a compile cache may)."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+
+        self.lock = threading.Lock()
+
+    def __deepcopy__(self, memo):
+        raise TypeError("cannot pickle '_thread.lock' object")
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+def test_use_compile_leaves_nothing_on_the_model_and_copies_no_argument(tmp_path):
+    backend = LockedBackend()
+    model = BoringModel()
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": backend}, **_TRAINER_KWARGS)
+    trainer.fit(model)  # Fabric's capture of `torch.compile`'s arguments deep-copied them: TypeError
+    assert backend.calls > 0
+    assert "_compile_kwargs" not in model.__dict__  # it kept a record of the Trainer's own compile
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+def test_use_compile_takes_a_model_compiled_before_lightning_was_imported(tmp_path):
+    uncaptured = torch.compile
+    while getattr(uncaptured.__code__, "co_name", None) == "_capture":  # Fabric's wrapper, as if not yet imported
+        uncaptured = uncaptured.__wrapped__
+    compiled = uncaptured(BoringModel(), backend="eager")
+    backend = CountingBackend()
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": backend}, **_TRAINER_KWARGS)
+    with pytest.warns(UserWarning, match="`use_compile` wins"):
+        trainer.fit(compiled)  # RuntimeError: Failed to determine the arguments that were used to compile the module
+    assert backend.calls > 0
