@@ -384,17 +384,22 @@ checks when the Trainer is built (a dry call that builds the backend), so that a
 `Trainer(...)` rather than minutes into the run. `use_compile=False` keeps the behavior before
 the previous patch: Lightning compiles the steps of a compiled model before the wrap.
 
-Who needs a flag rather than `fit(torch.compile(model))`:
-- LightningCLI and YAML configs, which build the model and cannot wrap it in `torch.compile`
-  (#17283 got CLI workarounds);
-- models whose layers are built in `configure_model`, which do not exist when `torch.compile`
-  would be called;
-- `validate`/`test`/`predict` after `fit` on a model passed in plain.
+Who needs a flag rather than `fit(torch.compile(model))`: LightningCLI and YAML configs, which
+build the model and cannot wrap it in `torch.compile` (#17283 got CLI workarounds), and
+libraries that build their own Trainer from their user's Trainer arguments. That is the one
+case the previous patch does not cover: with it, as lantiga put it on #20269, "we will want
+this whenever we have an optimized model in input", and every such model is compiled after
+the wrap. A model whose layers are built in `configure_model` does not need the flag
+(`torch.compile` is lazy: `fit(torch.compile(model))` compiles them), nor does `validate`
+after `fit` (pass the compiled model again).
 
-The question for the maintainers: #15914 (`Trainer(compile=...)`) was closed for #15922
-("pass `torch.compile(model)`"). Is a Trainer argument acceptable now that the Trainer compiles
-after the wrap, and the previous patch already covers `fit(torch.compile(model))`? If not, this
-patch can stay out; the previous one stands alone.
+The questions for the maintainers:
+- #15914 (`Trainer(compile=...)`) was closed for #15922 ("pass `torch.compile(model)`"). Is a
+  Trainer argument acceptable for configuration-driven compiles alone? If not, this patch
+  stays out; the previous one stands alone.
+- If it is: `use_compile=False` here means "compile a compiled model before the wrap, as
+  before", not "never compile". A bool-or-dict argument with that `False` may be a trap;
+  `None`/dict only, with no opt-out, is the other shape.
 
 `use_compile` needs torch 2.6, the oldest it is tested with, and is refused at `Trainer(...)`
 before that, as is a strategy that cannot run compiled (DeepSpeed).""",
