@@ -270,11 +270,16 @@ method in the same way; that predates this and is left for a patch of its own.)"
     edits=(ReplaceDef(COMPILE_UTILS, "to_uncompiled"), *_changelog_fixed(_FIXED_TO_UNCOMPILED, 7)),
 )
 
+_FIXED_SPAWN = (
+    '- Fixed `strategy="ddp_spawn"` failing to pickle a `torch.compile`-d model ("Can\'t pickle'
+    " BoringModel.forward: it's not the same object\"): the model is unwrapped before the processes are spawned"
+)
 _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, right after the"
     " strategy wraps it (and before any hook that runs a step, such as the tuner's), so that under DDP and FSDP the"
     " wrapper itself runs compiled, as Fabric does; the LightningModule's steps are no longer compiled on their own"
-    f" before the wrap, and nothing of it is left compiled after the run {ISSUE}\n"
+    f" before the wrap, and nothing of it is left compiled after the run {ISSUE}\n\n"
+    f"{_FIXED_SPAWN}\n"
 )
 
 REAPPLY = Patch(
