@@ -132,7 +132,8 @@ def downstream(session: nox.Session, libraries: str) -> None:
     chosen = list(DOWNSTREAM) if libraries == "all" else libraries.split(",")
     constraints = Path(session.virtualenv.location) / "constraints.txt"
     constraints.write_text(constraints.read_text() + "".join(f"{pin}\n" for pin in LIGHTNING))
-    session.install("-c", str(constraints), *(DOWNSTREAM[name] for name in chosen))
+    # pytorch-tabular 1.2.0 imports `requests` without requiring it (the others bring it)
+    session.install("-c", str(constraints), *(DOWNSTREAM[name] for name in chosen), "requests")
     table = ROOT / ".nox" / "downstream.md"  # each case's steps, compiled and eager, and why
     table.unlink(missing_ok=True)
     pytest_args = ("-n", PYTEST_WORKERS, "tests/downstream", *session.posargs)

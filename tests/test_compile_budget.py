@@ -7,10 +7,9 @@ model).
 """
 
 import pytest
-import torch
 from torch import nn
 
-from helpers import QUIET, last_summary
+from helpers import QUIET, TORCH_2_13, last_summary
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -62,7 +61,7 @@ class LoopedEvaluation(Sized):
             self.log("row", self.step(row), batch_size=1)
 
 
-@pytest.mark.skipif(not hasattr(torch._dynamo.utils, "get_compilation_metrics"), reason="torch 2.1 has no metrics")
+@pytest.mark.skipif(not TORCH_2_13, reason="the cause is read as torch 2.13 words it")
 def test_each_trial_names_the_cause_of_a_step_dynamo_skipped_from_its_own_run():
     # bug: Dynamo's "skip" mark outlived the first trial, so later trials found no failure of their own and guessed
     # "an earlier error in this process" (as neuralforecast's evaluation steps did, from the second model on)

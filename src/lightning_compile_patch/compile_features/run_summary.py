@@ -33,6 +33,9 @@ from torch._dynamo.utils import counters
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
+#: Whether a frame's compilation metrics tell a frame Dynamo compiled with no graph from one it skipped (read on 2.13;
+#: torch 2.6 records a frame skipped for a graph break in a loop as no failure, with no graph, alike).
+_GRAPHLESS_IS_KNOWN = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 13)
 #: The clocks, bound here: a test (or a user's callback) that patches `time.perf_counter` gets no calls from the run.
 _clock = time.perf_counter
 _wall_ns = time.time_ns
@@ -520,7 +523,7 @@ class _CompileReport:
             if key in self._skipped:
                 return self._skipped[key]
         # converted with no graph in this run, or earlier (its entries hold no graph, or none would have run)
-        if graphless or any(_entries(code) for code in _codes(step_function)):
+        if _GRAPHLESS_IS_KNOWN and (graphless or any(_entries(code) for code in _codes(step_function))):
             cause = ("no tensor work", _NO_TENSOR_WORK)
             for key in keys:
                 self._skipped[key] = cause
