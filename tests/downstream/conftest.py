@@ -5,6 +5,7 @@ and these tests are not collected: ``tests`` ignores this folder.
 """
 
 import importlib
+import importlib.util
 import os
 from collections.abc import Iterator
 
@@ -14,9 +15,10 @@ import pytest
 INSTALLED = [name for name in os.environ.get("LCP_DOWNSTREAM", "").split(",") if name]
 
 # imported once, before any test: each sets environment variables of its own as it is imported (ray, numba, ...), and
-# pytorch-tabular imports tensorboardX during a run, which sets CRC32C_SW_MODE
-for _name in [*INSTALLED, *(["tensorboardX"] if "pytorch_tabular" in INSTALLED else [])]:
-    importlib.import_module(_name)
+# pytorch-tabular imports tensorboardX during a run where it is installed, which sets CRC32C_SW_MODE
+for _name in [*INSTALLED, "tensorboardX"]:
+    if _name in INSTALLED or importlib.util.find_spec(_name) is not None:
+        importlib.import_module(_name)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
