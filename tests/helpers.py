@@ -316,6 +316,15 @@ def feature(trainer: Trainer, name: str) -> Any:
     return found[0]
 
 
+class LoopedValidation(BoringModel):
+    """A validation step with a graph break inside its loop: Dynamo skips its whole frame, and marks it "skip"."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        for row in batch.split(1):
+            print(end="")  # the graph break
+            self.log("row", self.step(row), batch_size=1)
+
+
 def last_summary(trainer: Trainer) -> Any:
     """What the compiler did in the Trainer's last run that compiled anything (the run summary feature's record)."""
     return trainer._compile_connector.last_summary

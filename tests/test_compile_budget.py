@@ -9,7 +9,7 @@ model).
 import pytest
 from torch import nn
 
-from helpers import QUIET, TORCH_2_13, last_summary
+from helpers import QUIET, TORCH_2_13, LoopedValidation, last_summary
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -23,15 +23,10 @@ class Sized(BoringModel):
         self.layer = nn.Sequential(*hidden, nn.Linear(32, width), nn.Linear(width, 2))
 
 
-#: Every trial's Trainer, newest last: a trial that raises returns none.
-TRAINERS = []
-
-
-def trial(strategy, width, depth, model=None, **kwargs):
+def trial(strategy, width, depth, **kwargs):
     options = {**QUIET, "max_steps": 3, "limit_val_batches": 2, "val_check_interval": 3, "num_sanity_val_steps": 0}
     trainer = Trainer(strategy=strategy, use_compile={"backend": "eager"}, **{**options, **kwargs})
-    model = model or Sized(width, depth)
-    TRAINERS.append(trainer)
+    model = Sized(width, depth)
     trainer.fit(model)
     return trainer, model
 
@@ -54,22 +49,15 @@ def test_the_runs_of_one_trainer_share_their_compiled_steps():
     assert last_summary(trainer).graphs == 0  # the validation step compiled in its fit, kept through the other's run
 
 
-class LoopedEvaluation(Sized):
-    def validation_step(self, batch, batch_idx):
-        for row in batch.split(1):
-            print(end="")  # a graph break, inside the loop: Dynamo marks the frame "skip"
-            self.log("row", self.step(row), batch_size=1)
-
-
 @pytest.mark.skipif(not TORCH_2_13, reason="the cause is read as torch 2.13 words it")
 def test_each_trial_names_the_cause_of_a_step_dynamo_skipped_from_its_own_run():
     # bug: Dynamo's "skip" mark outlived the first trial, so later trials found no failure of their own and guessed
     # "an earlier error in this process" (as neuralforecast's evaluation steps did, from the second model on)
     causes = []
-    for number in range(3):
+    for _ in range(3):  # a new Trainer each: the same model class, as a sweep's trials
         trainer = Trainer(use_compile={"backend": "eager"}, **{**QUIET, "max_steps": 1, "limit_val_batches": 2})
         with pytest.warns(UserWarning, match="ran without compiled code"):
-            trainer.fit(LoopedEvaluation(width=8 + number, depth=1))
+            trainer.fit(LoopedValidation())
         causes.append(last_summary(trainer).eager_causes)
     assert causes == [{"skipped: graph break in loop": 2}] * 3
 
@@ -89,9 +77,10 @@ def stops_at(batch: int) -> Sized:
 def test_trials_that_raise_in_their_step_each_compile_that_step():
     # bug: Dynamo marked the step "skip" when it traced a `raise`, keeping its entries; from the third trial on the
     # step ran eagerly, warned with a guess (Lightning's test_loop_restart_progress_multiple_dataloaders, one process)
-    options = {"max_steps": -1, "max_epochs": 2, "limit_train_batches": 1, "limit_val_batches": 3}
+    options = {**QUIET, "max_epochs": 2, "limit_train_batches": 1, "limit_val_batches": 3, "num_sanity_val_steps": 0}
     for batch in [0, 1, 2, 0, 1]:
+        trainer = Trainer(use_compile={"backend": "eager"}, **options)
         with pytest.raises(ValueError, match="stop this trial"):
-            trial("auto", width=8, depth=1, model=stops_at(batch), val_check_interval=1, **options)
-        summary = last_summary(TRAINERS[-1])
+            trainer.fit(stops_at(batch))
+        summary = last_summary(trainer)
         assert summary.eager_steps == {}, (batch, summary)

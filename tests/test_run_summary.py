@@ -8,7 +8,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.symbolic_convert import InstructionTranslator
 from torch.utils.data import DataLoader
 
-from helpers import QUIET, TORCH_2_13, CountingBackend, dynamo_stats, last_summary
+from helpers import QUIET, TORCH_2_13, CountingBackend, LoopedValidation, dynamo_stats, last_summary
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 
@@ -294,13 +294,6 @@ def test_a_step_that_only_calls_a_method_dynamo_skips_is_warned_with_that_method
     assert "`optimize_in_chunks`" in warned, warned  # the frame Dynamo skipped, and why
     assert "earlier" not in warned, warned
     assert last_summary(trainer).eager_causes == {LOOP_SKIP: 3}
-
-
-class LoopedValidation(BoringModel):
-    def validation_step(self, batch, batch_idx):
-        for row in batch.split(1):
-            print(end="")  # a graph break, inside the loop: Dynamo skips the whole frame
-            self.log("row", self.step(row), batch_size=1)
 
 
 @CAUSES_FROM_2_13

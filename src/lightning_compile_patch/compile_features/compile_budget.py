@@ -59,9 +59,11 @@ class _CompileBudget(_CompileFeature):
             for start, end in spans:
                 for ref in seen[start:end]:
                     code = ref()
+                    if code is None:
+                        continue
                     # more entries than a step keeps in steady state (two grad modes, full and partial batches), or
                     # none: skipped after a failure, or it held no tensor work (trying that again costs next to nothing)
-                    entries = len(eval_frame._debug_get_cache_entry_list(code)) if code is not None else 1
+                    entries = len(eval_frame._debug_get_cache_entry_list(code))
                     if entries == 0 or entries > _limit() // 2:
                         eval_frame.reset_code(code)  # its entries, its recompile count, its "skip" mark
             # code that failed to compile after it had compiled entries (a step that raised in one of its branches):
@@ -92,7 +94,8 @@ def _failed_codes(since_us: int) -> list["weakref.ref[types.CodeType]"]:
     """The code Dynamo failed to compile since ``since_us``, from its compilation metrics (none on torch 2.1)."""
     failed = set()
     for metrics in getattr(torch._dynamo.utils, "get_compilation_metrics", list)():
-        if getattr(metrics, "fail_type", None) and (getattr(metrics, "start_time_us", None) or 0) >= since_us:
+        started_us = getattr(metrics, "start_time_us", None) or (getattr(metrics, "start_time", None) or 0) * 1e6
+        if getattr(metrics, "fail_type", None) and started_us >= since_us:
             failed.add((metrics.co_name, metrics.co_filename, metrics.co_firstlineno))
     if not failed:
         return []

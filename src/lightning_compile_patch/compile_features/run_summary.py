@@ -16,6 +16,7 @@
 """
 
 import logging
+import operator
 import re
 import sys
 import time
@@ -27,6 +28,7 @@ from types import CodeType, FrameType
 from typing import Any, Callable, Optional
 
 import torch
+from lightning_utilities.core.imports import compare_version
 from torch._dynamo import convert_frame, utils
 from torch._dynamo.utils import counters
 
@@ -35,7 +37,7 @@ from lightning_compile_patch.compile_connector import _CompileConnector, _Compil
 
 #: Whether a frame's compilation metrics tell a frame Dynamo compiled with no graph from one it skipped (read on 2.13;
 #: torch 2.6 records a frame skipped for a graph break in a loop as no failure, with no graph, alike).
-_GRAPHLESS_IS_KNOWN = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 13)
+_GRAPHLESS_IS_KNOWN = compare_version("torch", operator.ge, "2.13.0")
 #: The clocks, bound here: a test (or a user's callback) that patches `time.perf_counter` gets no calls from the run.
 _clock = time.perf_counter
 _wall_ns = time.time_ns
@@ -219,29 +221,19 @@ _NO_TENSOR_WORK = (
 )
 
 
-def _codes(function: Any) -> list[CodeType]:
-    """The code objects of a step function and of the function it wraps, if any."""
-    found = []
-    for item in (function, getattr(function, "__wrapped__", None)):
-        code = getattr(getattr(item, "__func__", item), "__code__", None)
-        if code is not None:
-            found.append(code)
-    return found
-
-
 def _entries(code: CodeType) -> int:
     """How many compiled entries Dynamo holds for ``code``."""
     return len(torch._C._dynamo.eval_frame._debug_get_cache_entry_list(code))
 
 
-def _step_codes(function: Any) -> tuple[set[_Key], Optional[str]]:
+def _step_codes(function: Any) -> tuple[list[CodeType], Optional[str]]:
     """The code of a step function and of what it wraps (a user's decorator), and why it is compiler-disabled, if so.
 
     ``torch.compiler.disable`` marks its wrapper ``_torchdynamo_disable`` (torch 2.0+), with the ``reason`` given in
     ``_torchdynamo_disable_msg`` (torch 2.7+).
 
     """
-    keys: set[_Key] = set()
+    codes: list[CodeType] = []
     disabled: Optional[str] = None
     for _ in range(16):  # a chain of wrappers: `functools.partial`, `functools.wraps`, a bound method, `disable`'s
         if function is None:
@@ -250,7 +242,7 @@ def _step_codes(function: Any) -> tuple[set[_Key], Optional[str]]:
             disabled = str(getattr(function, "_torchdynamo_disable_msg", None) or "")
         code = getattr(getattr(function, "__func__", function), "__code__", None)
         if code is not None:
-            keys.add(_key(code))
+            codes.append(code)
         function = next(
             (
                 inner
@@ -259,7 +251,7 @@ def _step_codes(function: Any) -> tuple[set[_Key], Optional[str]]:
             ),
             None,
         )
-    return keys, disabled
+    return codes, disabled
 
 
 #: Between the parts of Dynamo's message for a graph break that led to another one (torch 2.8+).
@@ -486,7 +478,8 @@ class _CompileReport:
         """
         if self.fell_back():
             return "fallback", "it fell back to eager after a compile error (`fallback='eager'`)."
-        keys, disabled = _step_codes(step_function)
+        codes, disabled = _step_codes(step_function)
+        keys = {_key(code) for code in codes}
         if disabled is not None:
             return "torch.compiler.disable", (
                 f"the step is marked `torch.compiler.disable`{f' ({disabled})' if disabled else ''}, so Dynamo runs it,"
@@ -495,6 +488,9 @@ class _CompileReport:
             )
         if keys & self._watch.keys:
             return "recompile limit", _LIMIT_HIT
+        for key in keys:  # found for an earlier step of this Trainer's runs
+            if key in self._skipped:
+                return self._skipped[key]
         suppressed = bool(torch._dynamo.config.suppress_errors)
         # torch 2.1 has no compilation metrics; each has the frame's name, file and line, and why it failed. Only this
         # run's: an earlier run's failure of the same code may since have been reset (the compile budget, a failed run)
@@ -511,20 +507,17 @@ class _CompileReport:
                 graphless |= key in keys and not getattr(metrics, "graph_op_count", None)
                 continue
             if key in keys:
-                self._skipped.setdefault(key, _skip_cause(metrics, suppressed))  # type: ignore[arg-type]
-                callee = None
-                break
+                self._skipped[key] = _skip_cause(metrics, suppressed)  # type: ignore[arg-type]
+                return self._skipped[key]
             if started_us >= step_started_us:
                 callee = metrics  # newest first: the earliest failure while this step ran, at the end
-        if callee is not None and not keys & self._skipped.keys():
-            for key in keys:
-                self._skipped[key] = _skip_cause(callee, suppressed)
-        for key in keys:
-            if key in self._skipped:
-                return self._skipped[key]
+        cause = None
+        if callee is not None:
+            cause = _skip_cause(callee, suppressed)
         # converted with no graph in this run, or earlier (its entries hold no graph, or none would have run)
-        if _GRAPHLESS_IS_KNOWN and (graphless or any(_entries(code) for code in _codes(step_function))):
+        elif _GRAPHLESS_IS_KNOWN and (graphless or any(_entries(code) for code in codes)):
             cause = ("no tensor work", _NO_TENSOR_WORK)
+        if cause is not None:
             for key in keys:
                 self._skipped[key] = cause
             return cause
