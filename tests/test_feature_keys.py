@@ -57,7 +57,7 @@ def test_a_compiled_model_without_use_compile_gets_no_backend_and_no_process_wid
 
 def test_use_compile_builds_the_packages_defaults_and_the_keys_it_sets():
     defaults = ["compile_budget", "compile_errors", "evaluation_no_grad", "log_deferral", "loop_counters", "metrics"]
-    defaults += ["optimize_ddp", "step_outputs", "trainer_state"]
+    defaults += ["optimize_ddp", "optimizer_steps", "param_groups", "step_outputs", "trainer_state"]
     assert feature_names(Trainer(use_compile=True)) == sorted([*defaults, "run_summary", "tensor_parallel"])
     with_fallback = Trainer(use_compile={"fallback": "eager"})
     assert feature_names(with_fallback) == sorted([*defaults, "fallback", "run_summary", "tensor_parallel"])
@@ -81,6 +81,8 @@ def test_a_key_set_to_false_turns_a_default_off():
         "compile_budget",
         "stage_guards",
         "no_grad_evaluation",
+        "dynamic_lr",
+        "eager_optimizer_steps",
     ],
 )
 def test_a_feature_flag_must_be_a_bool(key):

@@ -21,9 +21,6 @@ DYNAMIC_SOURCES = Version(torch.__version__.split("+")[0]) >= Version("2.8")
 
 
 class Pattern(BoringModel):
-    #: The keys of `use_compile` the pattern needs beyond the package's defaults.
-    keys: dict = {}
-
     def train_dataloader(self):
         return DataLoader(RandomDataset(32, 64 * BATCHES), batch_size=64)
 
@@ -74,8 +71,6 @@ class EveryOtherBatch(Pattern):
 class LoggedLearningRate(Pattern):
     """The learning rate logged in the step, under a scheduler stepped every batch (OneCycleLR moves the betas too)."""
 
-    keys = {"dynamic_lr": True}  # off by default: `self.optimizers()` then returns views, not `Optimizer` instances
-
     def training_step(self, batch, batch_idx):
         self.log("lr", self.optimizers().param_groups[0]["lr"])
         return super().training_step(batch, batch_idx)
@@ -122,8 +117,6 @@ class MemoryBank(Pattern):
 class ManualScheduled(Pattern):
     """Manual optimization, with a scheduler stepped in the step every second epoch."""
 
-    keys = {"eager_optimizer_steps": True}  # off by default: it compiler-disables the optimizers' steps
-
     def __init__(self):
         super().__init__()
         self.automatic_optimization = False
@@ -146,8 +139,6 @@ class ManualScheduled(Pattern):
 
 class GAN(Pattern):
     """Two optimizers, each toggled in turn (`self.toggle_optimizer`), as in the docs' GAN."""
-
-    keys = {"eager_optimizer_steps": True}
 
     def __init__(self):
         super().__init__()
@@ -215,7 +206,7 @@ def train(pattern, strategy, backend=None):
     model, recorder = pattern(), Recorder(backend)
     trainer = Trainer(
         strategy=strategy,
-        use_compile={"backend": backend, **pattern.keys} if backend else None,
+        use_compile={"backend": backend} if backend else None,
         max_epochs=EPOCHS,
         limit_val_batches=0,
         callbacks=[recorder],

@@ -80,7 +80,19 @@ def render_module(module: str, layers: set[str]) -> str:
     if not source:
         return source  # an empty package `__init__.py`, as Lightning's are
     renames = {f"lightning_compile_patch.{name}": target for name, target in UPSTREAM_MODULES.items()}
-    return LICENSE_HEADER + sort_lightning_imports(upstream_modules.rename_imports(source, renames))
+    return LICENSE_HEADER + wrap_long_imports(sort_lightning_imports(upstream_modules.rename_imports(source, renames)))
+
+
+def wrap_long_imports(source: str, width: int = 120) -> str:
+    """Splits a ``from ... import`` line that the renaming made longer than ``width``, one name a line, as ruff does."""
+    lines = source.splitlines(keepends=True)
+    for node in reversed(ast.parse(source).body):
+        line = lines[node.lineno - 1]
+        if isinstance(node, ast.ImportFrom) and node.lineno == node.end_lineno and len(line.rstrip("\n")) > width:
+            head = line[: line.index(" import ") + len(" import ")]
+            names = "".join(f"    {ast.unparse(alias)},\n" for alias in node.names)
+            lines[node.lineno - 1] = f"{head}(\n{names})\n"
+    return "".join(lines)
 
 
 def sort_lightning_imports(source: str) -> str:

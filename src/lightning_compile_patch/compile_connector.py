@@ -107,7 +107,7 @@ class _CompileFeature:
         """Before the strategy's setup: checks that can fail before the data is prepared, and the run's settings."""
 
     def compile_kwargs(self, connector: "_CompileConnector", kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The ``torch.compile`` arguments of every compile in the run, derived from ``kwargs``; returns a new value."""
+        """The run's ``torch.compile`` arguments, derived from ``kwargs``; returns a new value."""
         return kwargs
 
     def setup(self, connector: "_CompileConnector") -> Mapping[str, Any]:

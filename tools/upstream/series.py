@@ -803,7 +803,10 @@ rate, Adam's betas), so a step that logs `self.optimizers().param_groups[0]["lr"
 per-step scheduler recompiled at every step until the recompile limit made it run uncompiled.
 With `use_compile={"dynamic_lr": True}`, while a step is traced `self.optimizers()` returns a
 view of each optimizer whose `param_groups` is the optimizer's own list, which Dynamo reads as a
-plain list: the learning rate costs one recompile at its first change and none after.""",
+plain list: the learning rate costs one recompile at its first change and none after. The view
+of a `LightningOptimizer` is a `LightningOptimizer` (only not an instance of the `torch.optim`
+class, which is what Dynamo guards), built from the strategy's optimizers, so no hook of the
+module runs that the step did not call; a module that defines `optimizers` itself keeps it.""",
     InsertAfter(COMPILE_DOCS, "Here are some common scenarios when this can happen:", _doc("param_groups")),
     "- Fixed a step that reads the learning rate from `self.optimizers()` recompiling at every step under"
     f' `Trainer(use_compile={{"dynamic_lr": True}})` {ISSUE}',
@@ -833,7 +836,10 @@ the learning rate by a scheduler recompiled the optimizer's code, the recompile 
 and the loss drifted from eager's; a GAN recompiled once per optimizer. With
 `use_compile={"eager_optimizer_steps": True}`, `LightningOptimizer.step` and `zero_grad`, each
 scheduler's `step` and `toggle_optimizer`/`untoggle_optimizer` run outside the graph for the
-run.""",
+run. They are disabled on the run's own objects, never on a shared class: each
+`LightningOptimizer` has a class of its own already, and each scheduler gets one for the run (a
+subclass of the same name). Each calls the method it replaces, looked up when called, so a test's
+mock of `torch.optim.SGD.step` still sees every call.""",
     InsertAfter(COMPILE_DOCS, "Always compare the speed and memory usage", _doc("optimizer_steps")),
     "- Fixed manual optimization recompiling at each change of the learning rate under"
     f' `Trainer(use_compile={{"eager_optimizer_steps": True}})` {ISSUE}',

@@ -23,6 +23,8 @@ FEATURE_DEFAULTS = types.MappingProxyType(
         "no_grad_evaluation": True,  # test and predict under `no_grad` (Dynamo fails on some inference-mode steps)
         "list_outputs": True,  # `self.outputs.append(...)` in a step does not recompile it as the list grows
         "check_tensor_parallel": True,  # refuse what tensor parallelism cannot compile whole, before the first step
+        "dynamic_lr": True,  # the learning rate a step reads from `self.optimizers()` does not recompile it
+        "eager_optimizer_steps": True,  # manual optimization's `opt.step()`/`sch.step()` run outside the graph
         "optimize_ddp": "auto",  # DDP's graph split only with more than one process
     }
 )
@@ -41,7 +43,3 @@ INPUT_DEFAULTS = types.MappingProxyType(
         )
     }
 )
-
-# Not on by default, for they change what a step sees: `dynamic_lr` (`self.optimizers()` returns views, which are not
-# `Optimizer` instances) and `eager_optimizer_steps` (the optimizers' and schedulers' steps compiler-disabled on their
-# classes, which Lightning's own tests of manual optimization mock). Each is one key away.

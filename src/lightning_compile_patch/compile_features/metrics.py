@@ -1,4 +1,4 @@
-"""torchmetrics under ``use_compile``: a metric is updated outside the compiled graph.
+"""Metrics of ``torchmetrics`` under ``use_compile``: a metric is updated outside the compiled graph.
 
 A ``torchmetrics.Metric`` is bookkeeping, like ``self.log``: each call counts itself in a Python int
 (``_update_count``), caches its result and may sync across processes. Dynamo guards on that int, so a step that calls

@@ -7,9 +7,14 @@ of a GAN, compiled the optimizer's code again, until the recompile limit; and th
 torch's eager one (the loss drifted from eager's by 6e-5). Automatic optimization never traced them: Lightning calls
 the optimizer outside the step.
 
-For a run with manual optimization, ``LightningOptimizer.step`` and ``zero_grad``, each configured scheduler's ``step``
-and the module's ``toggle_optimizer``/``untoggle_optimizer`` are compiler-disabled: the step's graph breaks at each call
-and torch's own eager code runs it, exactly as without ``use_compile``. The forward and the loss are still compiled.
+For a run with manual optimization, the steps are compiler-disabled on the run's own objects, never on a class that
+other code shares: each ``LightningOptimizer`` already has a class of its own (Lightning builds one per instance, a
+subclass of ``LightningOptimizer`` and the optimizer's class), which gets a ``step`` and a ``zero_grad`` for the run;
+each configured scheduler gets, for the run, a class of its own (a subclass of its class, of the same name) with such
+a ``step``; the module's ``toggle_optimizer``/``untoggle_optimizer`` are set on the module. Each calls the method it
+replaces, looked up when it is called (a test's mock of the optimizer's class is what runs), so the step's graph breaks
+at each call and torch's own eager code runs it, exactly as without ``use_compile``. The forward and the loss are still
+compiled.
 
 """
 
@@ -24,14 +29,21 @@ from lightning_compile_patch.compile_connector import _CompileConnector, _Compil
 _MODULE_METHODS = ("toggle_optimizer", "untoggle_optimizer")
 
 
-def _zero_grad(self: LightningOptimizer, *args: Any, **kwargs: Any) -> Any:
-    """``LightningOptimizer.zero_grad``: the wrapped class's own (``LightningOptimizer`` defines none)."""
-    return super(LightningOptimizer, self).zero_grad(*args, **kwargs)  # type: ignore[misc]
+def _eager(cls: type, name: str) -> Callable[..., Any]:
+    """``name`` of the class after ``cls`` in an instance's MRO, run outside the graph."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(super(cls, self), name)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return torch.compiler.disable(method)
 
 
-def _defining(cls: type, name: str) -> type:
-    """The class of ``cls``'s MRO whose own ``name`` an instance of ``cls`` calls."""
-    return next(klass for klass in cls.__mro__ if name in vars(klass))
+def _with_eager_step(cls: type) -> type:
+    """A subclass of ``cls``, of the same name, whose ``step`` runs outside the graph."""
+    subclass = type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    subclass.step = _eager(subclass, "step")  # type: ignore[attr-defined]
+    return subclass
 
 
 class _OptimizerSteps(_CompileFeature):
@@ -47,16 +59,19 @@ class _OptimizerSteps(_CompileFeature):
         module = trainer.lightning_module
         if module.automatic_optimization:
             return {}  # Lightning steps the optimizer outside the compiled step
-        connector.replace(LightningOptimizer, "step", torch.compiler.disable(LightningOptimizer.step))
-        if "zero_grad" in vars(LightningOptimizer):
-            connector.replace(LightningOptimizer, "zero_grad", torch.compiler.disable(LightningOptimizer.zero_grad))
-        else:
-            # inherited from the optimizer's class (each instance has a class of its own, a subclass of both):
-            # defined on `LightningOptimizer` for the run, and removed again
-            LightningOptimizer.zero_grad = torch.compiler.disable(_zero_grad)  # type: ignore[attr-defined]
-            connector.callback(delattr, LightningOptimizer, "zero_grad")
-        for cls in {_defining(type(config.scheduler), "step") for config in trainer.lr_scheduler_configs}:
-            connector.replace(cls, "step", torch.compiler.disable(vars(cls)["step"]))
+        for optimizer in trainer.strategy._lightning_optimizers:
+            own = type(optimizer)  # this instance's class: `LightningOptimizer.__init__` made it
+            if own is LightningOptimizer or not issubclass(own, LightningOptimizer):
+                continue  # a class that others share: leave it as it is
+            for name in ("step", "zero_grad"):  # neither is the class's own: set for the run, then removed
+                setattr(own, name, _eager(own, name))
+                connector.callback(delattr, own, name)
+        for config in trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if callable(getattr(scheduler, "step", None)):
+                cls = type(scheduler)
+                scheduler.__class__ = _with_eager_step(cls)
+                connector.callback(setattr, scheduler, "__class__", cls)
         for name in _MODULE_METHODS:
             method: Callable[..., Any] = getattr(module, name)
             connector.replace(module, name, torch.compiler.disable(method))

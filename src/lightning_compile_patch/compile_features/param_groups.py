@@ -5,10 +5,14 @@ on every value of every group, the learning rate and Adam's betas included, by v
 rate under a scheduler stepped every batch (OneCycleLR moves the betas too) compiled again at every step, and ran eager
 from the recompile limit on. A Lightning optimizer is an instance of the optimizer's class, so it is traced the same.
 
-While a step is traced, ``self.optimizers()`` returns a view of each optimizer instead: a plain object whose
+While a step is traced, ``self.optimizers()`` returns a view of each optimizer instead: an object whose
 ``param_groups`` is the optimizer's own list, and whose every other attribute is the optimizer's. Dynamo traces the
 list as a list: a float read from it is compiled for a symbolic value after its first change, and the other values are
-not guarded at all. The step reads, and logs, the values themselves. Outside a traced step (eager code, a fallback)
+not guarded at all. The step reads, and logs, the values themselves. The view of a ``LightningOptimizer`` is a
+``LightningOptimizer`` (``isinstance`` holds, in the step and out), whose ``step``, ``toggle_model`` and
+``optimizer`` are the optimizer's own; it is not an instance of the wrapped ``torch.optim`` class, which is what Dynamo
+guards. The views are built from the strategy's optimizers, so no hook of the module runs that the step did not call;
+a module that defines ``optimizers`` itself keeps its own. Outside a traced step (eager code, a fallback)
 ``self.optimizers()`` is Lightning's own, and the module's methods that take an optimizer are given the optimizer
 itself when a step passes them its view.
 
@@ -20,6 +24,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
+import lightning.pytorch as pl
+from lightning.pytorch.core.module import LightningModule
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 #: The module's methods that take an optimizer from the step, and compare it with the Trainer's.
@@ -30,23 +37,42 @@ class _OptimizerView:
     """An optimizer as a traced step sees it: ``param_groups`` is its list, any other attribute is the optimizer's."""
 
     def __init__(self, optimizer: Any) -> None:
-        vars(self).update(_optimizer=optimizer, param_groups=optimizer.param_groups)
+        vars(self).update(_viewed=optimizer, param_groups=optimizer.param_groups)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
+        return getattr(self._viewed, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._optimizer, name, value)
+        setattr(self._viewed, name, value)
+
+
+class _LightningOptimizerView(_OptimizerView, LightningOptimizer):
+    """The view of a ``LightningOptimizer``: a ``LightningOptimizer`` whose own methods are the viewed one's."""
+
+    @property
+    def optimizer(self) -> Any:
+        return self._viewed.optimizer
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        return self._viewed.step(*args, **kwargs)
+
+    def toggle_model(self, *args: Any, **kwargs: Any) -> Any:
+        return self._viewed.toggle_model(*args, **kwargs)
 
 
 def _unwrapped(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def taking_optimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(optimizer, _OptimizerView):
-            optimizer = optimizer._optimizer
+            optimizer = optimizer._viewed
         return method(optimizer, *args, **kwargs)
 
     return taking_optimizer
+
+
+def _as_returned(optimizers: list[Any]) -> Any:
+    """``optimizers`` as ``LightningModule.optimizers`` returns them: one on its own, more as the list."""
+    return optimizers[0] if len(optimizers) == 1 else optimizers
 
 
 class _ParamGroups(_CompileFeature):
@@ -62,12 +88,14 @@ class _ParamGroups(_CompileFeature):
         #: What the traced ``self.optimizers(use_pl_optimizer)`` returns, by its argument; one object per value for the
         #: run, since Dynamo guards on which object it is.
         self._current: dict[bool, Any] = {}
-        self._eager: Optional[Callable[..., Any]] = None
+        self._trainer: Optional[pl.Trainer] = None
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         module = connector.trainer.lightning_module
-        self._eager = eager = module.optimizers
-        current = self._current
+        if "optimizers" in vars(module) or type(module).optimizers is not LightningModule.optimizers:
+            return {}  # the module's own `optimizers`: it returns what it chooses, and the step gets just that
+        self._trainer = connector.trainer
+        eager, current = module.optimizers, self._current
 
         @functools.wraps(eager)
         def optimizers(use_pl_optimizer: bool = True) -> Any:
@@ -83,31 +111,31 @@ class _ParamGroups(_CompileFeature):
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
         @functools.wraps(original, updated=())
         def run(*args: Any, **kwargs: Any) -> Any:
-            self._refresh()
+            if self._trainer is not None:
+                self._refresh(self._trainer)
             return compiled(*args, **kwargs)
 
         return run
 
-    def _refresh(self) -> None:
-        assert self._eager is not None
-        for use_pl_optimizer in (True, False):
-            self._current[use_pl_optimizer] = self._viewed(self._eager(use_pl_optimizer))
+    def _refresh(self, trainer: pl.Trainer) -> None:
+        # what `LightningModule.optimizers` returns, read where it reads it (no hook of the module is called)
+        self._current[True] = self._viewed(trainer.strategy._lightning_optimizers)
+        self._current[False] = self._viewed(trainer.optimizers)
 
-    def _viewed(self, optimizers: Any) -> Any:
-        if not isinstance(optimizers, list):
-            return self._view(optimizers)
+    def _viewed(self, optimizers: list[Any]) -> Any:
         views = [self._view(optimizer) for optimizer in optimizers]
-        return self._lists.setdefault(tuple(map(id, views)), views)
+        return _as_returned(self._lists.setdefault(tuple(map(id, views)), views))
 
     def _view(self, optimizer: Any) -> _OptimizerView:
         view = self._views.get(id(optimizer))
-        if view is None or view._optimizer is not optimizer:
-            view = self._views[id(optimizer)] = _OptimizerView(optimizer)
+        if view is None or view._viewed is not optimizer:
+            kind = _LightningOptimizerView if isinstance(optimizer, LightningOptimizer) else _OptimizerView
+            view = self._views[id(optimizer)] = kind(optimizer)
         vars(view)["param_groups"] = optimizer.param_groups  # `load_state_dict` puts in a new list
         return view
 
     def teardown(self, connector: _CompileConnector) -> None:
-        self._views, self._lists, self._eager = {}, {}, None
+        self._views, self._lists, self._trainer = {}, {}, None
         self._current.clear()
 
 

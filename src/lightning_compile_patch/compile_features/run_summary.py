@@ -120,7 +120,7 @@ _STEPS: list[_Step] = []
 
 
 class _CountingBackend:
-    """The run's backend; each graph it compiled, when it runs, marks the step in progress compiled if it is its own."""
+    """The run's backend: each graph it compiled marks the step in progress compiled when it runs, if it is its own."""
 
     def __init__(self, backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool]) -> None:
         #: The backend, mode and options it stands for, as given.

@@ -67,6 +67,7 @@ def _vocabulary_parallel(module: nn.Module) -> bool:
     """Whether ``module`` is an embedding whose table is split by rows (the vocabulary) over the tensor-parallel mesh.
 
     Under FSDP2 on a 2-D mesh the tensor-parallel placement is the last one (FSDP2 puts its own first).
+
     """
     from torch.distributed.tensor import DTensor, Shard
 

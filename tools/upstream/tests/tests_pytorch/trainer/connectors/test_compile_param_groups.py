@@ -14,6 +14,7 @@
 import torch
 
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tests_pytorch.helpers.runif import RunIf
 
@@ -87,3 +88,55 @@ class LoggedLearningRate(BoringModel):
 
 def test_the_learning_rate_logged_in_the_step_does_not_recompile_it():
     _assert_compiles_once_and_trains_as_eager(LoggedLearningRate, "dynamic_lr")
+
+
+def _fit_one_epoch(model, backend="eager"):
+    trainer = Trainer(
+        use_compile={"backend": backend, "dynamic_lr": True},
+        max_epochs=1,
+        limit_train_batches=BATCHES,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model)
+
+
+class ChecksItsOptimizer(BoringModel):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append(isinstance(self.optimizers(), LightningOptimizer))
+        return super().training_step(batch, batch_idx)
+
+
+def test_the_step_gets_a_lightning_optimizer():
+    model, backend = ChecksItsOptimizer(), CountingBackend()
+    _fit_one_epoch(model, backend)
+    assert backend.graphs > 0
+    assert model.seen == [True] * BATCHES
+
+
+class CountsOptimizersCalls(BoringModel):
+    """Sets its own `optimizers` on the instance, as `test_fx_validator_integration`'s model does."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        optimizers = self.optimizers
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return optimizers(*args, **kwargs)
+
+        self.optimizers = counted
+
+
+def test_no_hook_of_the_module_runs_that_the_step_did_not_call():
+    model = CountsOptimizersCalls()
+    _fit_one_epoch(model)
+    assert model.calls == 0
