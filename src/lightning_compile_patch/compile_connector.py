@@ -25,7 +25,7 @@ import pkgutil  # [ladder features]
 import types  # [ladder features]
 from collections.abc import Mapping
 from dataclasses import dataclass, field  # [ladder features]
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 from typing import ClassVar, Literal  # [ladder features]
 from typing import Union  # [ladder use_compile]
 
@@ -87,10 +87,13 @@ class _CompileFeature:
     #: The keys of the ``use_compile`` dict this feature owns, each with a one-line description for error messages.
     keys: ClassVar[dict[str, str]] = {}
     order: ClassVar[int] = 0
-    #: What the feature says of the run in progress for its summary line, such as how regions were compiled.
-    summary_note: Optional[str] = None
     #: Whether the run went on uncompiled after a compile error.
     fell_back: bool = False
+
+    @property
+    def summary_note(self) -> Optional[str]:
+        """What the feature says of the run in progress for its summary line, such as how regions were compiled."""
+        return None
 
     @classmethod
     def wanted(cls, keys: Mapping[str, Any]) -> bool:
@@ -276,14 +279,15 @@ class _CompileConnector:
             self.callback(wrapper.__dict__.pop, "_compiled_call_impl", None)
             # [ladder features]
             compiled = wrapper._compiled_call_impl
+            assert compiled is not None
             wrapper._compiled_call_impl = self._wrap(compiled, wrapper._call_impl, module_call=True)
             # [/ladder]
             return
         # no wrapper (one device, or a stage without one): the strategy calls the step methods directly
         compile_fn = torch.compile  # without Fabric's capture, which deep-copies the arguments onto the module
         while compile_fn.__code__.co_name == "_capture":  # one per Lightning package
-            compile_fn = compile_fn.__wrapped__  # type: ignore[attr-defined]
-        from_compiled(compile_fn(module, **kwargs))
+            compile_fn = compile_fn.__wrapped__
+        from_compiled(cast(OptimizedModule, compile_fn(module, **kwargs)))
         self.callback(to_uncompiled, module)
         # [ladder features]
         assert module._compiler_ctx is not None

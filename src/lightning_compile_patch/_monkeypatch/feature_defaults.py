@@ -39,6 +39,8 @@ INPUT_DEFAULTS = types.MappingProxyType(
             "stage_guards",  # the Trainer's state
             "no_grad_evaluation",  # the Trainer's evaluation loops
             "list_outputs",  # the module's lists
+            "dynamic_lr",  # the module's `optimizers`
+            "eager_optimizer_steps",  # the run's own optimizer and scheduler classes, the module's toggles
             "check_tensor_parallel",  # a check
         )
     }

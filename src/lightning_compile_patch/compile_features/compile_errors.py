@@ -188,7 +188,7 @@ def named_error(connector: _CompileConnector, error: BaseException) -> Exception
     )
     bases = (kind,) if issubclass(kind, RuntimeError) else (RuntimeError, kind)
     try:
-        named = type(f"UseCompile{kind.__name__}", bases, {"__module__": __name__})
+        named: type[Exception] = type(f"UseCompile{kind.__name__}", bases, {"__module__": __name__})
         instance = named.__new__(named, message)
         instance.args = (message,)
     except Exception:  # a layout that does not combine with RuntimeError's, or a class that refuses a message

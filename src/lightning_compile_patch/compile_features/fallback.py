@@ -58,7 +58,8 @@ class _Fallback(_CompileFeature):
                 self.fell_back = True
                 connector.uncompile()
                 if module is not None and redirected is not None:
-                    module.forward = redirected  # the eager call runs the step, not the module's own forward
+                    # the eager call runs the step, not the module's own forward
+                    module.forward = redirected  # type: ignore[method-assign]
                 return original(*args, **kwargs)
 
         return run

@@ -42,7 +42,7 @@ def _eager(cls: type, name: str) -> Callable[..., Any]:
 def _with_eager_step(cls: type) -> type:
     """A subclass of ``cls``, of the same name, whose ``step`` runs outside the graph."""
     subclass = type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    subclass.step = _eager(subclass, "step")  # type: ignore[attr-defined]
+    subclass.step = _eager(subclass, "step")
     return subclass
 
 

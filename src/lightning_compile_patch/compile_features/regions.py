@@ -21,7 +21,7 @@ gets the blocks' gradients wrong with inductor on torch 2.13 and 2.14 (docs/repr
 import enum
 import types
 from collections.abc import Mapping
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -222,9 +222,14 @@ class _Regions(_CompileFeature):
     def __init__(self, options: _CompileOptions) -> None:
         regions = options.keys.get("regions")
         self.regions = _parse_regions(regions) if regions is not None else None
+        self._note: Optional[str] = None
+
+    @property
+    def summary_note(self) -> Optional[str]:
+        return self._note
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
-        self.summary_note = None
+        self._note = None
         if self.regions is not None and not is_overridden("configure_model", model):
             _find_regions(model, self.regions)  # fail now, before the data is prepared
 
@@ -238,7 +243,7 @@ class _Regions(_CompileFeature):
         _compile_regions(blocks, kwargs, shared=not constants, replace=connector.replace)
         _compile_regions(_rest_of_model(module, blocks), kwargs, shared=False, replace=connector.replace)
         how = "compiled one by one" if constants else "sharing one compiled graph"
-        self.summary_note = f"regions: {len(blocks)} blocks {how}"
+        self._note = f"regions: {len(blocks)} blocks {how}"
         why = f", since they differ in {', '.join(f'`{c}`' for c in constants[:3])}" if constants else ""
         names = "`, `".join(dict.fromkeys(type(block).__name__ for block in blocks.values()))
         rank_zero_info(f"`use_compile`: regions: {len(blocks)} blocks of `{names}`, {how}{why}.")

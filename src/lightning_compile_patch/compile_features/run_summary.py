@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType, FrameType
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import torch
 from lightning_utilities.core.imports import compare_version
@@ -500,15 +500,16 @@ class _CompileReport:
             started_us = getattr(metrics, "start_time_us", None) or (getattr(metrics, "start_time", None) or 0) * 1e6
             if started_us < self._start_us:
                 break  # newest first: the rest are older still
-            key = (getattr(metrics, "co_name", None), getattr(metrics, "co_filename", None))
-            key += (getattr(metrics, "co_firstlineno", None),)
+            frame = cast(
+                _Key, tuple(getattr(metrics, name, None) for name in ("co_name", "co_filename", "co_firstlineno"))
+            )
             if not getattr(metrics, "fail_type", None):
                 # converted, with no graph: the step's own code computes no tensor (it sets flags, logs numbers)
-                graphless |= key in keys and not getattr(metrics, "graph_op_count", None)
+                graphless |= frame in keys and not getattr(metrics, "graph_op_count", None)
                 continue
-            if key in keys:
-                self._skipped[key] = _skip_cause(metrics, suppressed)  # type: ignore[arg-type]
-                return self._skipped[key]
+            if frame in keys:
+                self._skipped[frame] = _skip_cause(metrics, suppressed)
+                return self._skipped[frame]
             if started_us >= step_started_us:
                 callee = metrics  # newest first: the earliest failure while this step ran, at the end
         cause = None

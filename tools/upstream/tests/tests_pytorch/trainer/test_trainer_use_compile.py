@@ -22,6 +22,14 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tests_pytorch.helpers.runif import RunIf
 
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from scratch: Dynamo counts its recompile limit per code object, for the whole process, and
+    Lightning's forward redirection (``wrapped_forward``) is shared by every model that earlier tests compiled."""
+    torch._dynamo.reset()
+
+
 _TRAINER_KWARGS = {
     "max_epochs": 1,
     "limit_train_batches": 2,
