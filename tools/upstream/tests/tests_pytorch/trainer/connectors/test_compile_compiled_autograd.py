@@ -11,6 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+import importlib.util
+
 import pytest
 import torch
 import torch._dynamo.config as dynamo_config
@@ -25,6 +27,9 @@ from tests_pytorch.helpers.runif import RunIf
 
 # `Trainer(use_compile=...)` needs torch 2.6
 pytestmark = RunIf(min_torch="2.6")
+
+#: The `optimize_ddp` key is another patch's ("Choose DDP's graph split by world size"), which this one may go without.
+_OPTIMIZE_DDP_KEY = importlib.util.find_spec("lightning.pytorch.trainer.connectors.compile_features.optimize_ddp")
 
 _QUIET = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
 
@@ -107,6 +112,7 @@ def test_compiled_autograd_rejects_values_other_than_true_or_a_dict(value):
 
 
 @RunIf(min_torch="2.6")
+@pytest.mark.skipif(_OPTIMIZE_DDP_KEY is None, reason="needs the `optimize_ddp` key of Lightning's compile features")
 def test_compiled_autograd_rejects_a_conflicting_optimize_ddp():
     with pytest.raises(ValueError, match="needs DDP's python reducer"):
         Trainer(use_compile={"compiled_autograd": True, "optimize_ddp": "ddp_optimizer"})
