@@ -24,7 +24,7 @@ lint() {
     out+=$("$L/ruff" format --check -q $py 2>&1)
     out+=$("$L/docformatter" --check --config pyproject.toml $py 2>&1)
   fi
-  out+=$("$L/codespell" $changed 2>&1)
+  [ -n "$changed" ] && out+=$("$L/codespell" $changed 2>&1)
   [ -n "$rst" ] && out+=$("$L/sphinx-lint" $rst 2>&1 | grep -v "^No problems found")
   if [ -z "$out" ]; then echo "$name: lint clean ($(echo "$changed" | wc -l) files)"; else echo "$name:"; echo "$out"; fi
   if [ -n "$PYX" ]; then
