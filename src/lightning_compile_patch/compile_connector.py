@@ -307,15 +307,23 @@ class _CompileConnector:
     def replace(self, target: Any, name: str, value: Any, scope: _Scope = "compile") -> None:
         """Sets ``target.name`` to ``value`` until the end of ``scope``, then puts back what was there.
 
-        An attribute of an object's own ``__dict__`` (or of a module, such as ``torch._dynamo.config``) gets its value
-        back; one that came from the class is removed from the instance again.
+        An attribute of the target's own ``__dict__`` (or of a module, such as ``torch._dynamo.config``), and one that a
+        data descriptor of its type holds (an instance's ``__class__``), gets its value back. One that came from a base
+        class, or was not there, is deleted again, from an instance or from a class alike.
 
         """
-        if name in getattr(target, "__dict__", {}) or isinstance(target, types.ModuleType):
+        found = next((vars(cls)[name] for cls in type(target).__mro__ if name in vars(cls)), None)
+        own = name in getattr(target, "__dict__", {}) or isinstance(target, types.ModuleType)
+        if own or hasattr(type(found), "__set__"):
             before = getattr(target, name)
             self.callback(lambda: setattr(target, name, before), scope=scope)
         else:
-            self.callback(lambda: target.__dict__.pop(name, None), scope=scope)
+
+            def delete() -> None:
+                if name in vars(target):  # a feature's own undo may have deleted it already
+                    delattr(target, name)
+
+            self.callback(delete, scope=scope)
         setattr(target, name, value)
 
     def setenv(self, name: str, value: str, scope: _Scope = "run") -> None:

@@ -63,15 +63,12 @@ class _OptimizerSteps(_CompileFeature):
             own = type(optimizer)  # this instance's class: `LightningOptimizer.__init__` made it
             if own is LightningOptimizer or not issubclass(own, LightningOptimizer):
                 continue  # a class that others share: leave it as it is
-            for name in ("step", "zero_grad"):  # neither is the class's own: set for the run, then removed
-                setattr(own, name, _eager(own, name))
-                connector.callback(delattr, own, name)
+            for name in ("step", "zero_grad"):  # neither is the class's own: set for the run, then deleted
+                connector.replace(own, name, _eager(own, name))
         for config in trainer.lr_scheduler_configs:
             scheduler = config.scheduler
             if callable(getattr(scheduler, "step", None)):
-                cls = type(scheduler)
-                scheduler.__class__ = _with_eager_step(cls)
-                connector.callback(setattr, scheduler, "__class__", cls)
+                connector.replace(scheduler, "__class__", _with_eager_step(type(scheduler)))
         for name in _MODULE_METHODS:
             method: Callable[..., Any] = getattr(module, name)
             connector.replace(module, name, torch.compiler.disable(method))

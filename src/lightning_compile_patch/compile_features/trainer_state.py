@@ -87,8 +87,7 @@ class _TrainerStateKeys(_CompileFeature):
         state = connector.trainer.state
         if type(state) is not TrainerState:  # a state of another class (the user's, or keyed already): left alone
             return
-        state.__class__ = _keyed_class(state.fn, state.stage)
-        connector.callback(setattr, state, "__class__", TrainerState, scope="run")
+        connector.replace(state, "__class__", _keyed_class(state.fn, state.stage), scope="run")
 
 
 FEATURE = _TrainerStateKeys

@@ -99,6 +99,29 @@ def test_what_a_feature_changes_is_undone_after_the_run(probe, tmp_path):
     assert probe.seen[-1] == ("teardown", "during the run")  # features end first, the run's settings after them
 
 
+def test_replace_puts_back_an_instances_class_and_deletes_what_it_added_to_a_class(tmp_path):
+    class Base:
+        def step(self):
+            return "base"
+
+    class Own(Base):
+        pass
+
+    class Swapped(Own):
+        pass
+
+    obj = Own()
+    connector = Trainer(default_root_dir=tmp_path, use_compile=True, **_TRAINER_KWARGS)._compile_connector
+    connector.replace(Own, "step", lambda self: "for the run")  # inherited: added to `Own` for the run
+    connector.replace(obj, "__class__", Swapped)  # held by `object`'s descriptor: its value comes back
+    connector.replace(obj, "extra", 1, scope="run")  # absent before
+    assert (obj.step(), type(obj), obj.extra) == ("for the run", Swapped, 1)
+    connector.teardown()
+    assert (obj.step(), type(obj)) == ("base", Own)
+    assert "step" not in vars(Own)
+    assert not hasattr(obj, "extra")
+
+
 def test_a_feature_derives_the_run_arguments_as_a_new_value(probe, tmp_path):
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager", "probe": True}, **_TRAINER_KWARGS)
     connector = trainer._compile_connector
