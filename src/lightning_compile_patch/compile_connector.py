@@ -139,6 +139,12 @@ def _flag(options: _CompileOptions, key: str) -> bool:
     return value
 
 
+def _delete(target: Any, name: str) -> None:
+    """Deletes ``target.name`` if the target holds it itself (a feature's own undo may have deleted it already)."""
+    if name in vars(target):
+        delattr(target, name)
+
+
 #: The connector of the compiled run in progress in this process, if any: Dynamo's counters, caches and settings are
 #: process-wide, so two compiled runs at once would count each other's graphs and restore each other's settings.
 _RUNNING: list["_CompileConnector"] = []
@@ -318,12 +324,7 @@ class _CompileConnector:
             before = getattr(target, name)
             self.callback(lambda: setattr(target, name, before), scope=scope)
         else:
-
-            def delete() -> None:
-                if name in vars(target):  # a feature's own undo may have deleted it already
-                    delattr(target, name)
-
-            self.callback(delete, scope=scope)
+            self.callback(_delete, target, name, scope=scope)
         setattr(target, name, value)
 
     def setenv(self, name: str, value: str, scope: _Scope = "run") -> None:
