@@ -182,7 +182,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 @discards_env
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6")
+    session.install("ruff==0.15.9")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 

@@ -105,7 +105,8 @@ def test_a_manual_optimization_run_puts_back_the_classes_it_gave_its_optimizers_
     assert {"step", "zero_grad", "__class__"} <= changes.names(), changes.names()
     changes.assert_all_undone()
     assert type(trainer.lr_scheduler_configs[0].scheduler) is torch.optim.lr_scheduler.StepLR
-    assert "step" not in vars(optimizer_class) and "zero_grad" not in vars(optimizer_class)
+    assert "step" not in vars(optimizer_class)
+    assert "zero_grad" not in vars(optimizer_class)
 
 
 def test_a_failed_run_puts_back_all_it_changed(monkeypatch):
