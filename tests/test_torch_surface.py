@@ -1,194 +1,132 @@
-"""The private torch surface the package reads and changes: one entry each, with the torch versions it is read on.
+"""The private torch surface: every private name of torch the features reach is in one module, and each entry works.
 
-Each feature reaches its entries where it uses them: each fork rung of ``patches/`` applies alone on the seam, so the
-rungs share no module of torch internals. This file is the one list: every entry, what the package does with it, and
-the torch versions the package reads it on (where the code checks for it with ``hasattr``/``getattr``, the range says
-which torch has it). Each test exercises an entry the way the package uses it, on the torch it runs on: CI runs this
-file on 2.13.0 (``tests``), 2.6.0 and 2.14.1 (``tests_torch``); other versions in a range were not run this way.
-``test_every_private_name_the_package_reads_is_listed`` fails when the code reaches a private name not listed here.
+``compile_features/_torch_surface.py`` holds each private torch name (and DDP's private attributes) that a feature
+needs, behind a function or constant named for what the feature does with it. These tests call each entry the way the
+features do, on the torch they run on: CI runs this file on 2.13.0 (``tests``), 2.6.0 and 2.14.1 (``tests_torch``), and
+``tests/test_patchset.py`` checks that the module goes upstream with the seam. A new entry without a test here, or a
+private name reached outside the module, fails ``test_every_entry_is_exercised`` or
+``test_no_feature_reaches_a_private_torch_name_but_through_the_surface``.
 """
 
-import importlib
+import ast
+import inspect
 import logging
+import os
 import re
+import sys
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
-from torch._dynamo.convert_frame import input_codes
-from torch._dynamo.utils import counters
+import torch.distributed as dist
+from torch import nn
 
-from helpers import TORCH_2_13
+from helpers import TORCH_2_7, TORCH_2_13, lightning_side
 
-SRC = Path(__file__).parents[1] / "src" / "lightning_compile_patch"
-TORCH_2_7 = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 7)
+surface = lightning_side("_torch_surface")
+#: The modules of the change: the package's, or on a patched Lightning the connector and the feature modules.
+FEATURES_DIR = Path(surface.__file__).parent
+SOURCES = (
+    list(FEATURES_DIR.parent.rglob("*.py"))
+    if FEATURES_DIR.parent.name == "lightning_compile_patch"
+    else [*FEATURES_DIR.glob("*.py"), FEATURES_DIR.parent / "compile_connector.py"]
+)
+TORCH_2_6 = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 6)
 
-#: name: (what the package does with it, where, the torch versions the package reads it on).
-SURFACE = {
-    "torch._dynamo.OptimizedModule": ("unwraps a compiled input; its `_orig_mod`", "connector, fixes", "2.1-2.14"),
-    "torch._dynamo.config.optimize_ddp": (
-        "chosen per run by world size",
-        "optimize_ddp, compiled_autograd",
-        "2.1-2.14",
-    ),
-    "torch._dynamo.config.suppress_errors": ("read: a hidden error is named so", "run_summary", "2.1-2.14"),
-    "torch._dynamo.config.recompile_limit": (
-        "read: the limit a warning names (2.7+)",
-        "run_summary, budget",
-        "2.7-2.14",
-    ),
-    "torch._dynamo.config.cache_size_limit": ("the same before 2.7", "run_summary, compile_budget", "2.1-2.6"),
-    "torch._dynamo.convert_frame.input_codes": ("the code each run converted", "compile_budget, errors", "2.1-2.14"),
-    "torch._dynamo.utils.counters": ("graphs, graph breaks, compiled autograd", "run_summary, autograd", "2.1-2.14"),
-    "torch._dynamo.utils.get_compilation_metrics": ("why a frame failed; compile time", "summary, budget", "2.2-2.14"),
-    "torch._dynamo.exc": ("what a compile error is", "compile_errors", "2.1-2.14"),
-    "torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST": ("DDP's file traced, undone", "compiled_autograd", "2.6-2.14"),
-    "torch._dynamo.trace_rules.get_legacy_mod_inlinelist": ("its cache cleared", "compiled_autograd", "2.6-2.14"),
-    "torch._dynamo.__file__": ("its folder: an error raised inside Dynamo is torch's", "compile_errors", "2.1-2.14"),
-    "torch._dynamo.eval_frame.skip_code": ("`self.log` never traced", "log_deferral", "2.13-2.14"),
-    "torch._dynamo.compiled_autograd": ("`_enable` per step", "compiled_autograd", "2.6-2.14"),
-    "torch._C._dynamo.eval_frame.reset_code": ("a code's entries and skip mark", "budget, errors, log", "2.1-2.14"),
-    "torch._C._dynamo.eval_frame.skip_code": ("the same, where the one above is missing", "log_deferral", "2.1-2.12"),
-    "torch._C._dynamo.eval_frame._debug_get_cache_entry_list": ("a code's entries", "compile_budget", "2.1-2.14"),
-    "torch._TorchCompileWrapper": ("the counting backend's inner backend", "run_summary", "2.1-2.14"),
-    "torch._TorchCompileInductorWrapper": ("the same for inductor", "run_summary", "2.1-2.14"),
-    "torch._functorch.config": ("`force_non_lazy_backward_lowering` per run (2.13+)", "compile_errors", "2.13-2.14"),
-    "torch._inductor.config": ("compiled autograd's settings, per run", "compiled_autograd", "2.6-2.14"),
-    "torch._inductor.runtime.cache_dir_utils": ("`default_cache_dir`", "cache (torch 2.7+)", "2.7-2.14"),
-}
+#: Private names of torch outside the surface module: Lightning's own `utilities/compile.py` imports `OptimizedModule`
+#: from `torch._dynamo` (there is no public name for the class `torch.compile` returns).
+ALLOWED_OUTSIDE = {"torch._dynamo.OptimizedModule"}
+#: DDP's private attributes, which only the surface reads.
+DDP_PRIVATE = ("_use_python_reducer", "_accum_grad_hooks", "_check_sync_bufs_pre_fwd", "_check_sync_bufs_post_fwd")
+DDP_PRIVATE += ("_sync_buffers",)
 
-#: Local names the package binds to a private module, and the module: `dynamo_config.optimize_ddp` reads
-#: `torch._dynamo.config.optimize_ddp`.
-ALIASES = {
-    "dynamo_config": "torch._dynamo.config",
-    "functorch_config": "torch._functorch.config",
-    "inductor_config": "torch._inductor.config",
-    "eval_frame": "torch._C._dynamo.eval_frame",
-    "compiled_autograd": "torch._dynamo.compiled_autograd",
-}
+EXERCISED: set[str] = set()
 
 
-def resolve(name: str):
-    """The object a dotted name names, importing modules as needed."""
-    parts = name.split(".")
-    for split in range(len(parts), 0, -1):
-        try:
-            value = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
+def exercises(*entries: str):
+    """Marks a test as the one that calls ``entries`` of the surface."""
+    EXERCISED.update(entries)
+    return lambda test: test
+
+
+def code_lines(path: Path) -> list[str]:
+    """The lines of ``path`` without docstrings, strings and comments."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    strings = {
+        line
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+        if node.lineno != node.end_lineno  # a docstring or other multi-line string: all of its lines
+    }
+    lines = source.splitlines()
+    return [
+        re.sub(r"#.*|\"[^\"]*\"|'[^']*'", "", line) for number, line in enumerate(lines, 1) if number not in strings
+    ]
+
+
+def test_no_feature_reaches_a_private_torch_name_but_through_the_surface():
+    reached = {}
+    assert len(SOURCES) > 10
+    for path in SOURCES:
+        if path.name == "_torch_surface.py":
             continue
-        for part in parts[split:]:
-            value = getattr(value, part)
-        return value
-    raise ImportError(name)
+        for line in code_lines(path):
+            imported = re.match(r"\s*from (torch\S*) import (.*)", line)
+            names = re.findall(r"torch(?:\._C)?\._[A-Za-z]\w*(?:\.\w+)*", line)
+            if imported and names:  # `from torch._dynamo import OptimizedModule`: the names it binds
+                names = [f"{imported[1]}.{name.split(' as ')[0].strip()}" for name in imported[2].split(",")]
+            for name in names:
+                if name not in ALLOWED_OUTSIDE:
+                    reached.setdefault(name, path.name)
+            for name in re.findall(rf"\.({'|'.join(DDP_PRIVATE)})\b", line):
+                reached.setdefault(f"DistributedDataParallel.{name}", path.name)
+    assert not reached, f"reach these through compile_features/_torch_surface.py: {reached}"
 
 
-def read_names() -> set[str]:
-    """Every private torch name the package's code reaches (comments and strings aside: code lines only)."""
-    names = set()
-    for path in SRC.rglob("*.py"):
-        for line in path.read_text().splitlines():
-            code = re.sub(r"#.*|\"[^\"]*\"|'[^']*'|``[^`]*``", "", line)
-            names |= set(re.findall(r"torch(?:\._C)?\._[A-Za-z]\w*(?:\.\w+)*", code))
-            for alias, module in ALIASES.items():
-                names |= {f"{module}.{attr}" for attr in re.findall(rf"\b{alias}\.(\w+)", code)}
-    return names
+def test_every_entry_is_exercised():
+    entries = {
+        name
+        for name, value in vars(surface).items()
+        if (inspect.isfunction(value) and value.__module__ == surface.__name__ and not name.startswith("_"))
+        or (name.isupper() and not name.startswith("_"))
+        or name.endswith("_config")
+    }
+    assert len(entries) > 20
+    assert entries - EXERCISED == set(), "each entry of the surface needs a test here that calls it"
 
 
-def listed(name: str) -> bool:
-    return any(name == entry or name.startswith(entry + ".") or entry.startswith(name + ".") for entry in SURFACE)
-
-
-def test_every_private_name_the_package_reads_is_listed():
-    unlisted = sorted(name for name in read_names() if not listed(name))
-    assert not unlisted, f"list these in SURFACE, with the torch versions they were read in: {unlisted}"
-
-
-@pytest.mark.parametrize("name", sorted(SURFACE))
-def test_each_listed_name_exists_on_the_torch_it_is_read_in(name):
-    versions = SURFACE[name][2]
-    low, high = versions.split("-")
-    major_minor = tuple(int(part) for part in torch.__version__.split(".")[:2])
-    if not tuple(map(int, low.split("."))) <= major_minor <= tuple(map(int, high.split("."))):
-        pytest.skip(f"{name} is read on torch {versions}")
-    if name.endswith("skip_code"):  # either one: the package takes the Python one where it exists
-        assert getattr(torch._dynamo.eval_frame, "skip_code", None) or torch._C._dynamo.eval_frame.skip_code
-        return
-    assert resolve(name) is not None
-
-
-def compiled_once(fn):
+def compiled_once(fn, *args):
     compiled = torch.compile(fn, backend="eager")
-    compiled(torch.ones(2))
+    compiled(*(args or (torch.ones(2),)))
     return compiled
 
 
-def test_reset_code_drops_a_codes_entries_and_the_entry_list_shows_it():
-    def f(x):
-        return x + 1
-
-    compiled_once(f)
-    eval_frame = torch._C._dynamo.eval_frame
-    assert len(eval_frame._debug_get_cache_entry_list(f.__code__)) == 1
-    eval_frame.reset_code(f.__code__)
-    assert len(eval_frame._debug_get_cache_entry_list(f.__code__)) == 0
-
-
-def test_skip_code_keeps_dynamo_out_of_a_function_and_reset_code_lets_it_in_again():
-    def inner(x):
-        return x * 2
-
-    def outer(x):
-        return inner(x) + 1
-
-    skip = getattr(torch._dynamo.eval_frame, "skip_code", None) or torch._C._dynamo.eval_frame.skip_code
-    skip(inner.__code__)
-    graphs = counters["stats"]["unique_graphs"]
-    compiled_once(outer)
-    # inner was not inlined: outer's graph broke at the call, and inner ran as plain Python
-    assert counters["stats"]["unique_graphs"] - graphs >= 1
-    assert len(torch._C._dynamo.eval_frame._debug_get_cache_entry_list(inner.__code__)) == 0
-    torch._C._dynamo.eval_frame.reset_code(inner.__code__)
+@exercises("dynamo_config", "functorch_config", "inductor_config")
+def test_the_settings_the_features_change_are_there():
+    assert surface.dynamo_config.optimize_ddp in (True, False, "ddp_optimizer", "python_reducer", "no_optimization")
+    assert isinstance(surface.dynamo_config.suppress_errors, bool)
+    if TORCH_2_13:
+        assert isinstance(surface.functorch_config.force_non_lazy_backward_lowering, bool)
+    if TORCH_2_6:  # what building a DDP under the python reducer sets
+        assert hasattr(surface.inductor_config, "_fuse_ddp_communication")
+        assert hasattr(surface.inductor_config, "_fuse_ddp_bucket_size")
 
 
-def test_input_codes_lists_each_converted_code_as_a_weak_reference():
-    def f(x):
-        return x - 1
-
-    before = len(input_codes.seen)
-    compiled_once(f)
-    assert f.__code__ in [ref() for ref in input_codes.seen[before:]]
-
-
-def test_counters_count_unique_graphs_and_graph_breaks_by_reason():
-    def f(x):
-        x = x + 1
-        torch._dynamo.graph_break()
-        return x + 1
-
-    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-    compiled_once(f)
-    assert counters["stats"]["unique_graphs"] - graphs == 2
-    assert sum(counters["graph_break"].values()) - breaks == 1
-    assert all(isinstance(reason, str) for reason in counters["graph_break"])
+@exercises("RECOMPILE_LIMIT", "recompile_limit", "errors_suppressed", "NON_LAZY_BACKWARD")
+def test_the_settings_read_are_read_from_dynamo():
+    name = surface.RECOMPILE_LIMIT
+    assert name == ("recompile_limit" if TORCH_2_7 else "cache_size_limit")
+    with torch._dynamo.config.patch(**{surface.RECOMPILE_LIMIT: 3}, suppress_errors=True):
+        assert surface.recompile_limit() == 3
+        assert surface.errors_suppressed() is True
+    assert surface.NON_LAZY_BACKWARD is TORCH_2_13
 
 
-@pytest.mark.skipif(not TORCH_2_13, reason="2.6 records a frame skipped for a graph break in a loop as no failure")
-def test_compilation_metrics_name_a_failed_frame_and_when_it_was_compiled():
-    def f(x):
-        for _ in range(2):
-            print(end="")  # a graph break in a loop: Dynamo skips the frame
-            x = x + 1
-        return x
-
-    compiled_once(f)
-    (metrics,) = [m for m in torch._dynamo.utils.get_compilation_metrics() if m.co_name == "f" and m.fail_type]
-    assert (metrics.co_filename, metrics.co_firstlineno) == (__file__, f.__code__.co_firstlineno)
-    assert (getattr(metrics, "start_time_us", None) or metrics.start_time) > 0
-    assert "loop" in metrics.fail_reason.lower()  # the cause run_summary reads
-
-
-def test_the_recompile_limit_is_told_on_the_convert_frame_logger():
-    limit = "recompile_limit" if TORCH_2_7 else "cache_size_limit"
+@exercises("RECOMPILE_LIMIT_LOGGER", "is_recompile_limit_hit")
+def test_a_recompile_limit_hit_is_told_on_the_logger_in_words_the_surface_knows():
     records = []
 
     class Keep(logging.Filter):
@@ -199,26 +137,180 @@ def test_the_recompile_limit_is_told_on_the_convert_frame_logger():
     def f(x, n):
         return x + n
 
-    logger, keep = logging.getLogger("torch._dynamo.convert_frame"), Keep()
+    logger, keep = logging.getLogger(surface.RECOMPILE_LIMIT_LOGGER), Keep()
     logger.addFilter(keep)
     try:
-        with torch._dynamo.config.patch(**{limit: 2}):
+        with torch._dynamo.config.patch(**{surface.RECOMPILE_LIMIT: 2}):
             compiled = torch.compile(f, backend="eager", dynamic=False)
             for n in range(4):
                 compiled(torch.ones(2), n)
     finally:
         logger.removeFilter(keep)
-    assert any("hit config." in message and limit in message for message in records), records
+    assert [message for message in records if surface.is_recompile_limit_hit(message)], records
+    assert not surface.is_recompile_limit_hit("hit a graph break")
 
 
-def test_the_compile_wrappers_build_a_backend_from_the_given_arguments():
-    eager = torch._TorchCompileWrapper("eager", None, None, None)
-    inductor = torch._TorchCompileInductorWrapper(None, None, None)
-    assert callable(eager)
-    assert callable(inductor)
+@exercises("graphs_compiled", "graph_breaks")
+def test_the_counters_count_graphs_and_graph_breaks_by_reason():
+    def f(x):
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x + 1
+
+    graphs, breaks = surface.graphs_compiled(), surface.graph_breaks()
+    compiled_once(f)
+    assert surface.graphs_compiled() - graphs == 2
+    after = surface.graph_breaks()
+    assert sum(after.values()) - sum(breaks.values()) == 1
+    assert all(isinstance(reason, str) for reason in after)
 
 
-def test_dynamos_errors_are_the_hierarchy_compile_errors_tells_apart():
-    exc = torch._dynamo.exc
-    assert issubclass(exc.TorchRuntimeError, exc.TorchDynamoException)
-    assert issubclass(exc.InternalTorchDynamoError, exc.TorchDynamoException)
+@exercises("compilation_metrics", "started_us")
+def test_compilation_metrics_name_each_frame_and_when_it_was_compiled():
+    def f(x):
+        return x * 3
+
+    since_us = surface.started_us(surface.compilation_metrics()[-1]) if surface.compilation_metrics() else 0
+    compiled_once(f)
+    (metrics,) = [m for m in surface.compilation_metrics() if m.co_name == "f" and surface.started_us(m) >= since_us]
+    assert (metrics.co_filename, metrics.co_firstlineno) == (__file__, f.__code__.co_firstlineno)
+    assert surface.started_us(metrics) > 1e15  # microseconds since the epoch
+    assert not metrics.fail_type
+
+
+@pytest.mark.skipif(not TORCH_2_13, reason="2.6 records a frame skipped for a graph break in a loop as no failure")
+@exercises("compilation_metrics")
+def test_compilation_metrics_give_dynamos_reason_for_a_skipped_frame():
+    def f(x):
+        for _ in range(2):
+            print(end="")  # a graph break in a loop: Dynamo skips the frame
+            x = x + 1
+        return x
+
+    compiled_once(f)
+    (metrics,) = [m for m in surface.compilation_metrics() if m.co_name == "f" and m.fail_type]
+    assert "loop" in metrics.fail_reason.lower()  # the cause run_summary reads
+
+
+@exercises("converted_codes", "cache_entries", "reset_code")
+def test_each_converted_code_is_listed_and_can_be_reset():
+    def f(x):
+        return x - 1
+
+    before = len(surface.converted_codes())
+    compiled_once(f)
+    assert f.__code__ in [ref() for ref in surface.converted_codes()[before:]]
+    assert surface.cache_entries(f.__code__) == 1
+    surface.reset_code(f.__code__)
+    assert surface.cache_entries(f.__code__) == 0
+
+
+@exercises("skip_code")
+def test_a_skipped_code_runs_uncompiled_as_a_frame_of_its_own_and_reset_lets_it_in_again():
+    def inner(x):
+        return x * 2
+
+    surface.skip_code(inner.__code__)
+    compiled_once(inner)
+    assert surface.cache_entries(inner.__code__) == 0
+    surface.reset_code(inner.__code__)
+    compiled_once(inner)
+    assert surface.cache_entries(inner.__code__) == 1
+    surface.reset_code(inner.__code__)
+
+
+@exercises("backend", "OUTPUT_CODES")
+def test_a_wrapped_backend_compiles_and_its_graphs_run_from_dynamos_output_code():
+    ran_from_output_code = []
+
+    def counting(gm, example_inputs):
+        inner = surface.backend("eager", None, None, None)(gm, example_inputs)
+
+        def run(*args):
+            frames = [sys._getframe(depth).f_code for depth in range(1, 6)]
+            ran_from_output_code.append(any(code in surface.OUTPUT_CODES for code in frames))
+            return inner(*args)
+
+        return run
+
+    def f(x):
+        return torch.sin(x) + 1
+
+    assert torch.equal(torch.compile(f, backend=counting)(torch.ones(2)), f(torch.ones(2)))
+    assert ran_from_output_code == [True]
+    assert callable(surface.backend(None, None, None, None))  # inductor's, built lazily
+
+
+@exercises("COMPILE_ERRORS", "DYNAMO_DIR")
+def test_a_failed_compile_raises_one_of_dynamos_errors_from_dynamos_own_code():
+    def f(x):
+        torch._dynamo.graph_break()
+        return x
+
+    with pytest.raises(surface.COMPILE_ERRORS) as raised:
+        torch.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
+    assert os.path.isfile(os.path.join(surface.DYNAMO_DIR, "convert_frame.py"))
+    frames = traceback.extract_tb(raised.value.__traceback__)
+    assert any(frame.filename.startswith(surface.DYNAMO_DIR) for frame in frames)
+
+
+@exercises("WRAPPING_ERRORS")
+def test_a_type_error_of_a_builtin_dynamo_evaluates_reaches_the_caller_wrapped_by_dynamo():
+    def f(x):
+        return isinstance(x, list[int])  # raises TypeError, while Dynamo evaluates it
+
+    with pytest.raises(surface.WRAPPING_ERRORS) as raised:
+        torch.compile(f, backend="eager")(torch.ones(2))
+    error = raised.value
+    chain = []
+    while error is not None:
+        chain.append(type(error))
+        error = error.__cause__ or error.__context__
+    assert TypeError in chain
+
+
+@pytest.mark.skipif(not TORCH_2_6, reason="compiled autograd's switch is read on torch 2.6-2.14")
+@exercises("compiled_autograd_switch", "backward_graphs_compiled")
+def test_compiled_autograd_captures_the_backward_while_switched_on():
+    switch = surface.compiled_autograd_switch()
+    assert switch is not None
+    layer = nn.Linear(3, 1)
+    before = surface.backward_graphs_compiled()
+    with switch(torch.compile(backend="eager")):
+        layer(torch.ones(2, 3)).sum().backward()
+    assert surface.backward_graphs_compiled() - before == 1
+    assert layer.weight.grad is not None
+
+
+@pytest.mark.skipif(not TORCH_2_6, reason="DDP's python reducer is read on torch 2.6-2.14")
+@exercises("ddp_uses_python_reducer", "ddp_file_traced", "stop_tracing_ddp_file", "remove_reducer_hooks")
+@exercises("sync_ddp_buffers")
+def test_ddp_built_under_the_python_reducer_is_told_synced_and_undone(tmp_path):
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        traced_before = surface.ddp_file_traced()
+        plain = nn.parallel.DistributedDataParallel(nn.BatchNorm1d(2))
+        assert not surface.ddp_uses_python_reducer(plain)
+        with torch._dynamo.config.patch(optimize_ddp="python_reducer"):
+            wrapper = nn.parallel.DistributedDataParallel(nn.BatchNorm1d(2))
+        assert surface.ddp_uses_python_reducer(wrapper)
+        assert surface.ddp_file_traced()
+        for before in (True, False):
+            surface.sync_ddp_buffers(wrapper, before=before)  # one rank: a broadcast to itself
+        assert wrapper._accum_grad_hooks
+        surface.remove_reducer_hooks(wrapper)
+        assert not wrapper._accum_grad_hooks
+        if not traced_before:
+            surface.stop_tracing_ddp_file()
+            assert not surface.ddp_file_traced()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not TORCH_2_7, reason="inductor's default cache directory is read on torch 2.7-2.14")
+@exercises("inductor_default_cache_dir")
+def test_inductors_default_cache_directory_is_a_path():
+    assert os.path.isabs(surface.inductor_default_cache_dir())

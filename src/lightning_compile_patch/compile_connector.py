@@ -401,8 +401,8 @@ class _CompileConnector:
 @functools.cache
 def _feature_classes() -> tuple[type[_CompileFeature], ...]:
     """The ``FEATURE`` of every module in ``compile_features``, by name: imported on first use."""
-    modules = pkgutil.iter_modules(compile_features.__path__)
-    return tuple(importlib.import_module(f"{compile_features.__name__}.{m.name}").FEATURE for m in modules)
+    modules = [m.name for m in pkgutil.iter_modules(compile_features.__path__) if not m.name.startswith("_")]
+    return tuple(importlib.import_module(f"{compile_features.__name__}.{name}").FEATURE for name in modules)
 
 
 # [/ladder]

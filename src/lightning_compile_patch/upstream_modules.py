@@ -19,13 +19,15 @@ CORE = {"compile_connector": "lightning.pytorch.trainer.connectors.compile_conne
 FEATURES_PACKAGE = "lightning.pytorch.trainer.connectors.compile_features"
 #: The feature modules, by name (``compile_features/<name>.py``).
 FEATURES = tuple(
-    sorted(path.stem for path in (PACKAGE_DIR / "compile_features").glob("*.py") if path.stem != "__init__")
+    sorted(path.stem for path in (PACKAGE_DIR / "compile_features").glob("*.py") if not path.stem.startswith("_"))
 )
 #: Every Lightning-side module, in import order, and the module it becomes in Lightning's tree.
 UPSTREAM_MODULES: dict[str, str] = {
     "lightning_fixes": "lightning.pytorch.utilities.compile",
     "compile_features": FEATURES_PACKAGE,
     **CORE,
+    #: the private torch surface the features share: in the seam's patch, loaded before every feature
+    "compile_features._torch_surface": f"{FEATURES_PACKAGE}._torch_surface",
     **{f"compile_features.{name}": f"{FEATURES_PACKAGE}.{name}" for name in FEATURES},
 }
 

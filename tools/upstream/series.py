@@ -486,8 +486,11 @@ compile arguments as a frozen value and return new ones. Everything a feature ch
 the run (an attribute, a torch setting, an environment variable) goes through the connector,
 which records it in one of two scopes, what is compiled and what belongs to the run, and undoes
 it on every path. One compiled run at a time per process: Dynamo's counters and settings are
-process-wide. This patch adds no feature.""",
-    modules=("compile_features", "compile_connector"),
+process-wide. The private torch names the features need (Dynamo's counters, compilation metrics,
+per-code resets, compiled autograd's switch, DDP's python reducer) are reached only in
+`compile_features/_torch_surface.py`, each with the torch versions it is read on, so that a torch
+release that moves one changes one line. This patch adds no feature.""",
+    modules=("compile_features", "compile_connector", "compile_features._torch_surface"),
     layers=("features",),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
     edits=(

@@ -35,6 +35,7 @@ import torch
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_features import _torch_surface as surface
 
 _MAGIC = b"LIGHTNING-COMPILE-CACHE 1\n"
 _INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -135,10 +136,8 @@ def _warm_start(connector: _CompileConnector, cache: str, shared: bool = False) 
 
 def _use_inductor_dir(connector: _CompileConnector, path: Path) -> None:
     """Points inductor's on-disk cache at ``path`` for the run, unless the user chose a directory."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     previous = os.environ.get(_INDUCTOR_DIR_ENV)
-    if previous is not None and os.path.abspath(previous) != os.path.abspath(default_cache_dir()):
+    if previous is not None and os.path.abspath(previous) != os.path.abspath(surface.inductor_default_cache_dir()):
         return  # set by the user (inductor sets it to its default on first use)
     connector.setenv(_INDUCTOR_DIR_ENV, str(path), scope="run")
 

@@ -26,21 +26,13 @@ import types
 import weakref
 from typing import Any, Optional
 
-import torch
-from torch._dynamo.convert_frame import input_codes
-
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _torch_surface as surface
 
-#: The Trainer whose run compiled last in this process, and the spans of ``input_codes.seen`` that compiled runs added
+#: The Trainer whose run compiled last in this process, and the spans of ``converted_codes()`` that compiled runs added
 #: (adjacent runs share one span, so this stays as short as the runs are interleaved with code compiled outside them),
 #: and the code that failed to compile in that Trainer's runs (weak references; emptied when another Trainer starts).
 _LAST: dict[str, Any] = {"connector": None, "start": None, "spans": [], "started_us": None, "failed": []}
-
-
-def _limit() -> int:
-    """Dynamo's recompile limit; torch before 2.7 calls it ``cache_size_limit``."""
-    config = torch._dynamo.config
-    return getattr(config, "recompile_limit", None) or config.cache_size_limit
 
 
 class _CompileBudget(_CompileFeature):
@@ -49,13 +41,12 @@ class _CompileBudget(_CompileFeature):
     keys = {"compile_budget": "True: each Trainer's runs get a recompile budget of their own for the code they compile"}
 
     def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
-        seen = input_codes.seen
+        seen = surface.converted_codes()
         spans: list[list[int]] = _LAST["spans"]
         if spans and spans[-1][1] > len(seen):  # `torch._dynamo.reset()` emptied Dynamo's record: so is ours
             spans.clear()
         last: Optional[_CompileConnector] = _LAST["connector"]() if _LAST["connector"] is not None else None
         if last is not connector:
-            eval_frame = torch._C._dynamo.eval_frame
             for start, end in spans:
                 for ref in seen[start:end]:
                     code = ref()
@@ -63,15 +54,15 @@ class _CompileBudget(_CompileFeature):
                         continue
                     # more entries than a step keeps in steady state (two grad modes, full and partial batches), or
                     # none: skipped after a failure, or it held no tensor work (trying that again costs next to nothing)
-                    entries = len(eval_frame._debug_get_cache_entry_list(code))
-                    if entries == 0 or entries > _limit() // 2:
-                        eval_frame.reset_code(code)  # its entries, its recompile count, its "skip" mark
+                    entries = surface.cache_entries(code)
+                    if entries == 0 or entries > surface.recompile_limit() // 2:
+                        surface.reset_code(code)  # its entries, its recompile count, its "skip" mark
             # code that failed to compile after it had compiled entries (a step that raised in one of its branches):
             # Dynamo marked it "skip" with its entries kept
             for ref in _LAST["failed"]:
                 code = ref()
                 if code is not None:
-                    eval_frame.reset_code(code)
+                    surface.reset_code(code)
             _LAST["failed"] = []
         _LAST.update(connector=weakref.ref(connector), start=len(seen), started_us=time.time_ns() // 1000)
 
@@ -79,7 +70,7 @@ class _CompileBudget(_CompileFeature):
         _flag(options, "compile_budget")
 
     def teardown(self, connector: _CompileConnector) -> None:
-        start, end, spans = _LAST["start"], len(input_codes.seen), _LAST["spans"]
+        start, end, spans = _LAST["start"], len(surface.converted_codes()), _LAST["spans"]
         if start is None or start > end:
             return
         _LAST["failed"] += _failed_codes(_LAST["started_us"])
@@ -93,13 +84,12 @@ class _CompileBudget(_CompileFeature):
 def _failed_codes(since_us: int) -> list["weakref.ref[types.CodeType]"]:
     """The code Dynamo failed to compile since ``since_us``, from its compilation metrics (none on torch 2.1)."""
     failed = set()
-    for metrics in getattr(torch._dynamo.utils, "get_compilation_metrics", list)():
-        started_us = getattr(metrics, "start_time_us", None) or (getattr(metrics, "start_time", None) or 0) * 1e6
-        if getattr(metrics, "fail_type", None) and started_us >= since_us:
+    for metrics in surface.compilation_metrics():
+        if getattr(metrics, "fail_type", None) and surface.started_us(metrics) >= since_us:
             failed.add((metrics.co_name, metrics.co_filename, metrics.co_firstlineno))
     if not failed:
         return []
-    codes = (ref() for ref in input_codes.seen)
+    codes = (ref() for ref in surface.converted_codes())
     return [weakref.ref(c) for c in codes if c is not None and (c.co_name, c.co_filename, c.co_firstlineno) in failed]
 
 

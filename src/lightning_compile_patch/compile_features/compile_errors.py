@@ -24,33 +24,15 @@
 
 """
 
-import os
 import re
 import traceback
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-import torch
-import torch._functorch.config as functorch_config
-from torch._dynamo.convert_frame import input_codes
-
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
-
-#: torch 2.13+ can compile the backward together with the forward.
-_NON_LAZY_BACKWARD = hasattr(functorch_config, "force_non_lazy_backward_lowering")
-#: What a failed compile raises; ``FailOnRecompileLimitHit`` (torch 2.6+) is outside Dynamo's hierarchy.
-COMPILE_ERRORS = tuple(
-    error
-    for error in (torch._dynamo.exc.TorchDynamoException, getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None))
-    if error is not None
-)
-
-
-#: Where Dynamo's own Python code lives: an exception raised there is a failure to compile, whatever its type.
-_DYNAMO_DIR = os.path.dirname(torch._dynamo.__file__) + os.sep
-
+from lightning_compile_patch.compile_features import _torch_surface as surface
 
 #: The interpreter's own errors of a call's arguments, which surface in Dynamo's frame that makes the call.
 _ARGUMENT_BINDING = re.compile(
@@ -60,14 +42,14 @@ _ARGUMENT_BINDING = re.compile(
 
 def is_compile_error(error: BaseException) -> bool:
     """Whether ``error`` is a failure of torch to compile: one of Dynamo's errors, or raised in Dynamo's own code."""
-    if isinstance(error, COMPILE_ERRORS):
+    if isinstance(error, surface.COMPILE_ERRORS):
         return True
     if not isinstance(error, Exception):
         return False  # KeyboardInterrupt, SystemExit: the user's, wherever they arrive
     if isinstance(error, TypeError) and _ARGUMENT_BINDING.search(str(error)):
         return False  # a step called with arguments it does not take: the user's error, raised as eager raises it
     frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and frames[-1].filename.startswith(_DYNAMO_DIR)
+    return bool(frames) and frames[-1].filename.startswith(surface.DYNAMO_DIR)
 
 
 def user_error(error: BaseException) -> Optional[BaseException]:
@@ -77,7 +59,7 @@ def user_error(error: BaseException) -> Optional[BaseException]:
     evaluated raised) while handling that error: it is the first error in the chain whose type is not torch's.
 
     """
-    if not isinstance(error, (torch._dynamo.exc.TorchRuntimeError, torch._dynamo.exc.InternalTorchDynamoError)):
+    if not isinstance(error, surface.WRAPPING_ERRORS):
         return None
     cause = error.__cause__ or error.__context__
     while cause is not None:
@@ -98,12 +80,12 @@ class _CompileErrors(_CompileFeature):
         self._codes_before: Optional[int] = None
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
-        self._codes_before = len(input_codes.seen)
-        if _NON_LAZY_BACKWARD and model.automatic_optimization:
-            connector.replace(functorch_config, "force_non_lazy_backward_lowering", True, scope="run")
+        self._codes_before = len(surface.converted_codes())
+        if surface.NON_LAZY_BACKWARD and model.automatic_optimization:
+            connector.replace(surface.functorch_config, "force_non_lazy_backward_lowering", True, scope="run")
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        if not _NON_LAZY_BACKWARD:
+        if not surface.NON_LAZY_BACKWARD:
             _name_backward_errors(connector)
         return {}
 
@@ -124,10 +106,10 @@ class _CompileErrors(_CompileFeature):
     def teardown(self, connector: _CompileConnector) -> None:
         codes_before, self._codes_before = self._codes_before, None
         if codes_before is not None and connector.trainer.state.status == TrainerStatus.INTERRUPTED:
-            for ref in input_codes.seen[codes_before:]:
+            for ref in surface.converted_codes()[codes_before:]:
                 code = ref()
                 if code is not None:
-                    torch._C._dynamo.eval_frame.reset_code(code)  # clears its cache entries and its "skip" mark
+                    surface.reset_code(code)  # clears its cache entries and its "skip" mark
 
 
 def _name_backward_errors(connector: _CompileConnector) -> None:
@@ -138,7 +120,7 @@ def _name_backward_errors(connector: _CompileConnector) -> None:
     def named(*args: Any, **kwargs: Any) -> Any:
         try:
             return backward(*args, **kwargs)
-        except COMPILE_ERRORS as error:
+        except surface.COMPILE_ERRORS as error:
             connector.uncompile()
             raise RuntimeError(
                 f"{failure_message(connector, error, fallback=False)} (It failed in the backward: `fallback` applies"

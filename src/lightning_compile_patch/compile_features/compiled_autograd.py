@@ -25,8 +25,6 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 import torch
-import torch._dynamo.config as dynamo_config
-from torch._dynamo.utils import counters
 from torch.nn.parallel import DistributedDataParallel
 
 import lightning.pytorch as pl
@@ -39,20 +37,16 @@ from lightning_compile_patch.compile_connector import (
     _CompileOptions,
     _torch_compile_keys,
 )
+from lightning_compile_patch.compile_features import _torch_surface as surface
 
 _KEY = "compiled_autograd"
-_DDP_FILE = "torch.nn.parallel.distributed"
 #: What building a DDP under the python reducer sets for the whole process.
 _INDUCTOR_SETTINGS = ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
 
 
 def _switch() -> Optional[Callable[..., Any]]:
     """The context manager that turns compiled autograd on: private, and the same, on every torch from 2.6 to 2.14."""
-    if not _TORCH_GREATER_EQUAL_2_6:
-        return None
-    from torch._dynamo import compiled_autograd  # imported here: importing the module must work on any torch
-
-    return getattr(compiled_autograd, "_enable", None)
+    return surface.compiled_autograd_switch() if _TORCH_GREATER_EQUAL_2_6 else None
 
 
 class _CompiledAutograd(_CompileFeature):
@@ -128,7 +122,7 @@ class _CompiledAutograd(_CompileFeature):
             )
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
-        self._captures = counters["compiled_autograd"]["captures"] if self.enabled else None
+        self._captures = surface.backward_graphs_compiled() if self.enabled else None
         if not self.enabled:
             return
         trainer = connector.trainer
@@ -140,13 +134,13 @@ class _CompiledAutograd(_CompileFeature):
             return {}
         wrapper = connector.trainer.strategy.model
         if isinstance(wrapper, DistributedDataParallel):
-            if not wrapper._use_python_reducer:
+            if not surface.ddp_uses_python_reducer(wrapper):
                 raise RuntimeError(
                     f"`Trainer(use_compile={{'{_KEY}': ...}})` set DDP's python reducer, but DDP was built with its C++"
                     " reducer, which compiled autograd cannot trace: `torch._dynamo.config.optimize_ddp` was changed"
                     " after `fit` started (in a `setup` or `configure_model` hook?). Leave it to `use_compile`."
                 )
-            connector.callback(_remove_reducer_hooks, wrapper, scope="run")
+            connector.callback(surface.remove_reducer_hooks, wrapper, scope="run")
         backward_kwargs = connector.run_kwargs if self.value is True else self.value
         switch = _switch()
         assert switch is not None
@@ -155,16 +149,15 @@ class _CompiledAutograd(_CompileFeature):
 
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
         wrapper = connector.trainer.strategy.model
-        if not self.enabled or not isinstance(wrapper, DistributedDataParallel) or not wrapper._use_python_reducer:
+        python_reducer = isinstance(wrapper, DistributedDataParallel) and surface.ddp_uses_python_reducer(wrapper)
+        if not (self.enabled and python_reducer):
             return compiled
 
         def synced(*args: Any, **kwargs: Any) -> Any:
             # what DDP's `_pre_forward`/`_post_forward` do with buffers, and skip under the python reducer
-            if wrapper._check_sync_bufs_pre_fwd():
-                wrapper._sync_buffers()
+            surface.sync_ddp_buffers(wrapper, before=True)
             output = compiled(*args, **kwargs)
-            if wrapper._check_sync_bufs_post_fwd():
-                wrapper._sync_buffers()
+            surface.sync_ddp_buffers(wrapper, before=False)
             wrapper.require_forward_param_sync = torch.is_grad_enabled() and wrapper.require_backward_grad_sync
             return output
 
@@ -175,34 +168,17 @@ class _CompiledAutograd(_CompileFeature):
         """How many backward graphs compiled autograd compiled in this run, for the run's summary line."""
         if self._captures is None:
             return None
-        captures = counters["compiled_autograd"]["captures"] - self._captures
+        captures = surface.backward_graphs_compiled() - self._captures
         return f"compiled autograd: {captures} backward graph{'s' if captures != 1 else ''} compiled"
 
 
 def _use_python_reducer(connector: _CompileConnector) -> None:
     """Sets the python reducer for the DDP built next; the connector restores what this and DDP set for the process."""
-    connector.replace(dynamo_config, "optimize_ddp", "python_reducer", scope="run")
-    inductor_config = torch._inductor.config
+    connector.replace(surface.dynamo_config, "optimize_ddp", "python_reducer", scope="run")
     for name in _INDUCTOR_SETTINGS:  # DDP sets them when it is built: they are put back when the run ends
-        connector.replace(inductor_config, name, getattr(inductor_config, name), scope="run")
-    if _DDP_FILE not in torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST:
-        connector.callback(_stop_inlining_ddp, scope="run")
-
-
-def _remove_reducer_hooks(wrapper: DistributedDataParallel) -> None:
-    """Removes the python reducer's gradient hooks, which DDP leaves on the parameters.
-
-    Otherwise a later ``backward()`` would still all-reduce.
-
-    """
-    for handle in wrapper._accum_grad_hooks:
-        handle.remove()
-    wrapper._accum_grad_hooks.clear()
-
-
-def _stop_inlining_ddp() -> None:
-    torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST.discard(_DDP_FILE)
-    torch._dynamo.trace_rules.get_legacy_mod_inlinelist.cache_clear()
+        connector.replace(surface.inductor_config, name, getattr(surface.inductor_config, name), scope="run")
+    if not surface.ddp_file_traced():  # DDP adds its file to Dynamo's inline list when it is built
+        connector.callback(surface.stop_tracing_ddp_file, scope="run")
 
 
 FEATURE = _CompiledAutograd

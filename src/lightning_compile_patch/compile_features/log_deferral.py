@@ -14,7 +14,6 @@ Dynamo off for Lightning's own ``log``.
 """
 
 import functools
-import types
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -22,14 +21,9 @@ import torch
 from torch import nn
 
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _torch_surface as surface
 
 _LOG_METHODS = ("log", "log_dict")
-
-
-def _skip_frame(code: types.CodeType) -> None:
-    """Dynamo runs ``code`` eagerly when it is the frame being compiled; it still inlines it into a traced caller."""
-    skip = getattr(torch._dynamo.eval_frame, "skip_code", None)  # older torch has only the C function
-    (skip or torch._C._dynamo.eval_frame.skip_code)(code)
 
 
 class _LogBoundary:
@@ -43,8 +37,8 @@ class _LogBoundary:
         connector.callback(self._pending.clear)
         # one code object for every replacement: skipped as a frame of its own, still traced inline
         code = self._deferring("log").__code__
-        _skip_frame(code)
-        connector.callback(torch._C._dynamo.eval_frame.reset_code, code)
+        surface.skip_code(code)
+        connector.callback(surface.reset_code, code)
 
     def _deferring(self, name: str) -> Callable[..., None]:
         """The replacement for one logging method."""

@@ -9,10 +9,9 @@ host overhead, so ``"auto"`` (the default) splits only with more than one proces
 from collections.abc import Mapping
 from typing import Any
 
-import torch._dynamo.config as dynamo_config
-
 from lightning.pytorch.strategies import DDPStrategy
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_features import _torch_surface as surface
 
 _CHOICES = ("auto", True, False, "ddp_optimizer", "python_reducer", "no_optimization")
 
@@ -42,12 +41,12 @@ class _OptimizeDDP(_CompileFeature):
             return
         # A process-wide Dynamo setting, read when DDP's call is compiled, and for "python_reducer" when DDP is built:
         # so it is set here, before the strategy wraps the model, and restored when the run ends, on every path.
-        value = _resolve(self.choice, strategy.world_size, dynamo_config.optimize_ddp)
-        connector.replace(dynamo_config, "optimize_ddp", value, scope="run")
+        value = _resolve(self.choice, strategy.world_size, surface.dynamo_config.optimize_ddp)
+        connector.replace(surface.dynamo_config, "optimize_ddp", value, scope="run")
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         wrapper = connector.trainer.strategy.model
-        if dynamo_config.optimize_ddp == "python_reducer" and not getattr(wrapper, "_use_python_reducer", True):
+        if surface.dynamo_config.optimize_ddp == "python_reducer" and not surface.ddp_uses_python_reducer(wrapper):
             raise RuntimeError(
                 "`use_compile={'optimize_ddp': 'python_reducer'}` was set before DDP was built, but DDP uses its C++"
                 " reducer. Remove `bucket_cap_mb_list` or other DDP arguments the python reducer does not support."

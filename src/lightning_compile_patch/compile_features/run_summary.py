@@ -29,11 +29,10 @@ from typing import Any, Callable, Optional, cast
 
 import torch
 from lightning_utilities.core.imports import compare_version
-from torch._dynamo import convert_frame, utils
-from torch._dynamo.utils import counters
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _torch_surface as surface
 
 #: Whether a frame's compilation metrics tell a frame Dynamo compiled with no graph from one it skipped (read on 2.13;
 #: torch 2.6 records a frame skipped for a graph break in a loop as no failure, with no graph, alike).
@@ -56,9 +55,7 @@ _WHERE = {
     "regions": "at region boundaries",
     "FSDP": "in FSDP's hooks, which leave the sharded module's own forward uncompiled",
 }
-_RECOMPILE_LIMIT_LOGGER = "torch._dynamo.convert_frame"
-#: Dynamo's recompile limit; torch before 2.7 calls it `cache_size_limit`.
-_LIMIT_NAME = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+_LIMIT_NAME = surface.RECOMPILE_LIMIT
 
 
 @dataclass
@@ -125,10 +122,7 @@ class _CountingBackend:
     def __init__(self, backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool]) -> None:
         #: The backend, mode and options it stands for, as given.
         self.given = {k: v for k, v in (("backend", backend), ("mode", mode), ("options", options)) if v is not None}
-        if backend is None or backend == "inductor":
-            self.inner: Any = torch._TorchCompileInductorWrapper(mode, options, dynamic)
-        else:
-            self.inner = torch._TorchCompileWrapper(backend, mode, options, dynamic)
+        self.inner: Any = surface.backend(backend, mode, options, dynamic)
         self.__name__ = getattr(self.inner, "compiler_name", "backend")
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
@@ -151,11 +145,6 @@ class _CountingBackend:
 
     def __deepcopy__(self, memo: dict) -> "_CountingBackend":
         return self  # one per configuration and process (Lightning deep-copies the `torch.compile` arguments)
-
-
-#: The code objects Dynamo made of the frames it compiled (a private set of torch 2.6 to 2.14; without it, each graph
-#: belongs to its own frame).
-_OUTPUT_CODES: Any = getattr(convert_frame, "output_codes", ())
 
 
 #: Where the frames between a step's wrapper and its compiled code come from: torch's wrappers, and this package's
@@ -181,7 +170,7 @@ def _runs_in_step_code(frame: Optional[FrameType]) -> bool:
         if _contains(_STEP_WRAPPERS, code):
             return True
         ours = (
-            _contains(_OUTPUT_CODES, code)
+            _contains(surface.OUTPUT_CODES, code)
             or code.co_filename.startswith(_PASS_THROUGH)
             or _contains(_PASS_THROUGH_CODES, code)
         )
@@ -219,11 +208,6 @@ _NO_TENSOR_WORK = (
     "Dynamo compiled its code and found no tensor operation in it (it sets attributes, logs Python numbers), so it has"
     " no graph to run: it is none the slower for it."
 )
-
-
-def _entries(code: CodeType) -> int:
-    """How many compiled entries Dynamo holds for ``code``."""
-    return len(torch._C._dynamo.eval_frame._debug_get_cache_entry_list(code))
 
 
 def _step_codes(function: Any) -> tuple[list[CodeType], Optional[str]]:
@@ -351,7 +335,7 @@ class _RecompileLimitWatch(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if "hit config." in message and ("recompile_limit" in message or "cache_size_limit" in message):
+        if surface.is_recompile_limit_hit(message):
             function = next((line.strip() for line in message.splitlines() if "function:" in line), "a function")
             self._hits.append(function)
             found = _FUNCTION.search(function)
@@ -360,7 +344,7 @@ class _RecompileLimitWatch(logging.Filter):
                 self.keys.add(key)
             rank_zero_warn(
                 f"`use_compile`: {function} hit Dynamo's recompile limit"
-                f" ({_LIMIT_NAME} = {getattr(torch._dynamo.config, _LIMIT_NAME)}); from now on it runs uncompiled. Its"
+                f" ({_LIMIT_NAME} = {surface.recompile_limit()}); from now on it runs uncompiled. Its"
                 " inputs change in a way that invalidates the compiled code each time (shapes, Python numbers, grad"
                 " mode). Run with `TORCH_LOGS=recompiles` to see why, then keep those inputs stable, pass"
                 f" `use_compile={{'dynamic': True}}`, or raise `torch._dynamo.config.{_LIMIT_NAME}`."
@@ -387,8 +371,8 @@ class _CompileReport:
         self._backend = backend
         # the counters as the run starts: a run that fails before `start` counts nothing of earlier runs
         self._start_us = _wall_ns() // 1000
-        self._graphs_before = counters["stats"]["unique_graphs"]
-        self._breaks_before: dict[str, int] = dict(counters["graph_break"])
+        self._graphs_before = surface.graphs_compiled()
+        self._breaks_before = surface.graph_breaks()
         self._watch = _RecompileLimitWatch(self.summary.recompile_limit_hits)
         self._first_step: dict[bool, Optional[float]] = {}
         #: Why the frames of eager steps ran uncompiled, by frame, for every run of the Trainer: Dynamo keeps only its
@@ -398,11 +382,11 @@ class _CompileReport:
     def start(self, connector: _CompileConnector) -> None:
         """Snapshots the counters, starts watching for recompile-limit hits, and counts every step of the run."""
         self._start_us = _wall_ns() // 1000
-        self._graphs_before = counters["stats"]["unique_graphs"]
-        self._breaks_before = dict(counters["graph_break"])
+        self._graphs_before = surface.graphs_compiled()
+        self._breaks_before = surface.graph_breaks()
         # Dynamo reports a recompile-limit hit only through this logger, so a filter on it is the one way to tell the
         # user when it happens; the connector removes it when the run ends, on every path
-        logger = logging.getLogger(_RECOMPILE_LIMIT_LOGGER)
+        logger = logging.getLogger(surface.RECOMPILE_LIMIT_LOGGER)
         logger.addFilter(self._watch)
         connector.callback(logger.removeFilter, self._watch, scope="run")
         strategy = connector.trainer.strategy
@@ -491,13 +475,13 @@ class _CompileReport:
         for key in keys:  # found for an earlier step of this Trainer's runs
             if key in self._skipped:
                 return self._skipped[key]
-        suppressed = bool(torch._dynamo.config.suppress_errors)
+        suppressed = surface.errors_suppressed()
         # torch 2.1 has no compilation metrics; each has the frame's name, file and line, and why it failed. Only this
         # run's: an earlier run's failure of the same code may since have been reset (the compile budget, a failed run)
         callee = None
         graphless = False
-        for metrics in reversed(getattr(utils, "get_compilation_metrics", list)()):
-            started_us = getattr(metrics, "start_time_us", None) or (getattr(metrics, "start_time", None) or 0) * 1e6
+        for metrics in reversed(surface.compilation_metrics()):
+            started_us = surface.started_us(metrics)
             if started_us < self._start_us:
                 break  # newest first: the rest are older still
             frame = cast(
@@ -516,7 +500,7 @@ class _CompileReport:
         if callee is not None:
             cause = _skip_cause(callee, suppressed)
         # converted with no graph in this run, or earlier (its entries hold no graph, or none would have run)
-        elif _GRAPHLESS_IS_KNOWN and (graphless or any(_entries(code) for code in codes)):
+        elif _GRAPHLESS_IS_KNOWN and (graphless or any(surface.cache_entries(code) for code in codes)):
             cause = ("no tensor work", _NO_TENSOR_WORK)
         if cause is not None:
             for key in keys:
@@ -556,8 +540,8 @@ class _CompileReport:
             if started is not None:
                 self._announce_done(training)
         summary = self.summary
-        summary.graphs = counters["stats"]["unique_graphs"] - self._graphs_before
-        for reason, count in counters["graph_break"].items():
+        summary.graphs = surface.graphs_compiled() - self._graphs_before
+        for reason, count in surface.graph_breaks().items():
             new = count - self._breaks_before.get(reason, 0)
             summary.graph_breaks += new
             sources = {
@@ -567,8 +551,8 @@ class _CompileReport:
                 summary.expected_breaks += new
                 summary.expected_in |= sources
         # torch 2.1 has no per-frame compilation metrics: the run then counts no recompiles and no compile time
-        for metrics in getattr(utils, "get_compilation_metrics", list)():
-            if (metrics.start_time_us or 0) < self._start_us:
+        for metrics in surface.compilation_metrics():
+            if surface.started_us(metrics) < self._start_us:
                 continue
             summary.recompiles += bool(metrics.cache_size)
             summary.compile_seconds += metrics.entire_frame_compile_time_s or 0.0
