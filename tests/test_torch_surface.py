@@ -266,7 +266,9 @@ def test_a_type_error_of_a_builtin_dynamo_evaluates_reaches_the_caller_wrapped_b
     while error is not None:
         chain.append(type(error))
         error = error.__cause__ or error.__context__
-    assert TypeError in chain
+    # the error of the call itself is in the chain, not torch's (2.13+: the TypeError; 2.6: a NotImplementedError)
+    assert any(cls.__module__ == "builtins" for cls in chain[1:]), chain
+    assert TypeError in chain or not TORCH_2_13
 
 
 @pytest.mark.skipif(not TORCH_2_6, reason="compiled autograd's switch is read on torch 2.6-2.14")
