@@ -7,9 +7,10 @@ model).
 """
 
 import pytest
+import torch
 from torch import nn
 
-from helpers import QUIET, TORCH_2_13, LoopedValidation, last_summary
+from helpers import QUIET, TORCH_2_13, CountingBackend, LoopedValidation, last_summary
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -39,6 +40,17 @@ def test_every_trial_of_a_sweep_compiles_every_step(strategy):
         assert summary.compiled_steps == {"training": 3, "evaluation": 2}, (number, summary)
         assert summary.eager_steps == {}, (number, summary)
         assert summary.recompile_limit_hits == [], (number, summary)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_a_sweep_of_compiled_models_passed_in_compiles_every_fit(strategy):
+    """Without `use_compile` (no feature, no summary): the core resets the code its runs crowded, at each run's end."""
+    backend = CountingBackend(f"sweep-input-{strategy}")
+    options = {**QUIET, "max_steps": 2, "limit_val_batches": 0}
+    for number in range(TRIALS):
+        calls = backend.calls
+        Trainer(strategy=strategy, **options).fit(torch.compile(Sized(8 + number, 1), backend=backend))
+        assert backend.calls - calls >= 2, number  # each training step ran a compiled graph: 0 once the limit is hit
 
 
 def test_the_runs_of_one_trainer_share_their_compiled_steps():

@@ -2,9 +2,8 @@
 
 Why these budgets: every code object we compile holds at most one cache entry per combination of
 
-* grad mode: training steps run with grad, evaluation steps without (DDP routes both through the same redirected
-  forward while fitting, so that one code object sees both); a standalone `validate` feeds inference tensors (made
-  under inference mode), another dispatch state for a code object that `fit` validated with;
+* grad mode: training steps run with grad, evaluation steps without; a standalone `validate` feeds inference tensors
+  (made under inference mode), another dispatch state for a code object that `fit` validated with;
 * batch shape: the last, partial batch changes the batch size once; automatic dynamic shapes then recompile that code
   once as dynamic, and the dynamic entry serves every later size.
 
@@ -43,12 +42,12 @@ GRAPHS = {
     # for the batches of 8, then dynamic after the partial batch; validate: validation_step once more, for inference
     # tensors, with the batch size already dynamic; test, predict: a new code object each, static then dynamic
     "auto": {"fit": 2 + 2, "validate": 1, "test": 2, "predict": 2},
-    # DDP: while fitting, training and validation run through one code object, the wrapper's redirected forward:
-    # 2 grad modes x (static, dynamic). validate/test/predict run without the wrapper, as on one device, so that
-    # validation_step is a new code object there: static, then dynamic
-    "ddp": {"fit": 2 * 2, "validate": 2, "test": 2, "predict": 2},
+    # DDP: while fitting, training runs through the wrapper's compiled call (static, dynamic), and validation through
+    # the validation step compiled on the module (static, dynamic), the one validate/test/predict run without the
+    # wrapper, as on one device: so validate's budget is one device's
+    "ddp": {"fit": 2 + 2, "validate": 1, "test": 2, "predict": 2},
 }
-CODE_OBJECTS = {"auto": 4, "ddp": 4}  # auto: the 4 step methods; ddp: the redirected forward, then 3 step methods
+CODE_OBJECTS = {"auto": 4, "ddp": 4}  # auto: the 4 step methods; ddp: the wrapper's call, then 3 step methods
 
 
 def graph_recompiles():

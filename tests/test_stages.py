@@ -91,11 +91,12 @@ def test_every_stage_runs_compiled(strategy):
     assert {stage: len(n) for stage, n in calls.calls.items()} == STAGE_BATCHES
     assert all(n > 0 for per_batch in calls.calls.values() for n in per_batch), calls.calls
     if strategy == "ddp":
-        # while fitting, DDP wraps the module and every step goes through its compiled forward
+        # while fitting, DDP wraps the module and a training step goes through its compiled call; evaluation runs it
+        # eagerly and the validation step compiled on the module, the one `validate` compiles
         for stage in ("sanity", "train"):
             assert seen[stage]["model_type"] is DistributedDataParallel
             assert seen[stage]["wrapper_compiled"]
-        assert seen["train"]["compiled_steps"] == []
+        assert seen["train"]["compiled_steps"] == ["validation_step"]
     else:
         assert seen["train"]["compiled_steps"] == STEPS
     # outside fit there is no wrapper: the strategy calls the step methods directly, so those are compiled, in place,
@@ -104,6 +105,19 @@ def test_every_stage_runs_compiled(strategy):
         assert seen[stage]["compiled_steps"] == STEPS
         assert seen[stage]["stock_compiled"]
     assert not seen["setup"]["stock_compiled"]  # nothing is compiled before the strategy's setup
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
+def test_validate_after_fit_compiles_nothing_new(strategy):
+    """fit's evaluation and `validate` run one compiled validation step, under DDP too (its wrapper is fit's alone)."""
+    backend = CountingBackend(f"fit-then-validate-{strategy}")
+    trainer = Trainer(strategy=strategy, use_compile={"backend": backend}, max_epochs=1, **QUIET, **STAGE_LIMITS)
+    model = LoggingModel()
+    trainer.fit(model)
+    fitted, calls = backend.graphs, backend.calls
+    trainer.validate(model, verbose=False)
+    assert backend.graphs == fitted
+    assert backend.calls - calls >= STAGE_LIMITS["limit_val_batches"]  # and its steps ran fit's compiled graph
 
 
 #: On torch 2.6 the compiled call still starts at DDP's forward, but Dynamo runs that forward eagerly.

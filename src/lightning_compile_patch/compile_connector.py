@@ -31,6 +31,7 @@ from typing import Union  # [ladder use_compile]
 
 import torch
 from torch._dynamo import OptimizedModule
+from torch._dynamo.convert_frame import input_codes
 
 import lightning.pytorch as pl
 import lightning_compile_patch.compile_features as compile_features  # [ladder features]
@@ -193,6 +194,8 @@ class _CompileConnector:
         # [ladder features]
         #: The run's ``torch.compile`` arguments as given, before the features derived ``run_kwargs`` from them.
         self.given: Optional[Mapping[str, Any]] = None
+        #: The arguments the steps are compiled with: ``run_kwargs`` with what the features' ``setup`` returned.
+        self.step_kwargs: Mapping[str, Any] = _Frozen()
         #: What the last run that compiled did (set by the run summary, if installed).
         self.last_summary: Optional[Any] = None
         self._active: list[_CompileFeature] = []
@@ -271,8 +274,11 @@ class _CompileConnector:
         for feature in self._active:
             step_only.update(feature.setup(self))
         kwargs = {**self.run_kwargs, **step_only}
+        self.step_kwargs = _Frozen(kwargs)
         # [/ladder]
         # [ladder !features] kwargs = self.run_kwargs
+        # [ladder !features] self.callback(_crowded_code_reset())
+        self.callback(_crowded_code_reset(), scope="run")  # [ladder features]
         module, wrapper = self.trainer.lightning_module, self.trainer.strategy.model
         assert wrapper is not None
         if wrapper is not module and kwargs.get("fullgraph"):
@@ -301,6 +307,13 @@ class _CompileConnector:
             original = module._compiler_ctx[f"original_{name}"]
             if callable(original):  # `validation_step = None` turns the loop off
                 setattr(module, name, self._wrap(getattr(module, name), original, module_call=False))
+
+    def compile_step(self, name: str) -> None:
+        """Compiles the LightningModule's step ``name`` on the instance, as this run compiles steps, until it ends."""
+        module = self.trainer.lightning_module
+        step = getattr(module, name)
+        if callable(step):  # `validation_step = None` turns the loop off
+            self.replace(module, name, self._wrap(torch.compile(step, **self.step_kwargs), step, module_call=False))
 
     def _wrap(self, compiled: Callable, original: Callable, module_call: bool) -> Callable:
         """The features' wrappers around ``compiled``; it shows ``original``'s signature, which Lightning reads."""
@@ -395,6 +408,30 @@ class _CompileConnector:
     # [ladder !features]     with contextlib.ExitStack() as stack:  # callbacks run last-in, first-out
     # [ladder !features]         for step in undo:
     # [ladder !features]             stack.callback(step)
+
+
+def _crowded_code_reset() -> Callable[[], Any]:
+    """What resets, when the run ends, the code whose entries it grew past half of Dynamo's recompile limit.
+
+    Runs add entries of their own (a wrapper, shapes, a backend) to code every model shares (DDP's forward, the forward
+    redirection, a class's steps): a process that fits many models would reach the limit and run later fits eagerly.
+
+    """
+    eval_frame, config = torch._C._dynamo.eval_frame, torch._dynamo.config
+    limit = getattr(config, "recompile_limit", None) or config.cache_size_limit
+
+    def entries() -> dict[int, tuple[Any, int]]:
+        codes = (ref() for ref in input_codes.seen)
+        return {id(c): (c, len(eval_frame._debug_get_cache_entry_list(c))) for c in codes if c is not None}
+
+    before = {key: n for key, (_, n) in entries().items()}
+
+    def reset() -> None:
+        for key, (code, n) in entries().items():
+            if n > max(before.get(key, 0), limit // 2):
+                eval_frame.reset_code(code)  # its entries, its recompile count and its "skip" mark
+
+    return reset
 
 
 # [ladder features]

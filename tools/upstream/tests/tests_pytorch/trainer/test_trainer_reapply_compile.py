@@ -157,6 +157,24 @@ def test_the_wrapper_itself_runs_compiled_on_two_processes(tmp_path):
 
 
 @RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
+def test_a_process_that_fits_many_models_compiles_every_fit(tmp_path, strategy):
+    """A sweep: each fit adds entries of its own (its wrapper, its shapes) to code that every model shares, such as
+    Lightning's forward redirection; the entries a run crowded are reset when it ends, so the recompile limit is never
+    reached."""
+    backend = CountingBackend()
+    calls = []
+    for width in range(8, 20):
+        model = BoringModel()
+        model.layer = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.Linear(width, 2))
+        before = backend.calls
+        kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
+        Trainer(default_root_dir=tmp_path, strategy=strategy, **kwargs).fit(torch.compile(model, backend=backend))
+        calls.append(backend.calls - before)
+    assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
+
+
+@RunIf(min_torch="2.6", dynamo=True)
 def test_each_stage_compiles_its_step_once(tmp_path):
     model, backend = BoringModel(), CountingBackend()
     compiled = torch.compile(model, backend=backend)

@@ -12,6 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 import numpy as np
+import pytest
 import torch
 
 from lightning.pytorch import Trainer, seed_everything
@@ -43,10 +44,12 @@ class IndexedWithNumpy(BoringModel):
         return self(batch)[:, self.columns]
 
 
-def test_validate_after_fit_reuses_the_validation_step_fit_compiled(tmp_path):
+@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
+def test_validate_after_fit_reuses_the_validation_step_fit_compiled(tmp_path, strategy):
     backend = CountingBackend()
     use_compile = {"backend": backend, "no_grad_evaluation": True}
-    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, max_steps=2, limit_val_batches=2, **_KWARGS)
+    kwargs = {**_KWARGS, "max_steps": 2, "limit_val_batches": 2}
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, use_compile=use_compile, **kwargs)
     model = BoringModel()
     trainer.fit(model)
     fitted = backend.graphs
