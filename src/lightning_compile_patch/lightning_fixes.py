@@ -99,7 +99,8 @@ def to_uncompiled(model: Union["pl.LightningModule", "torch._dynamo.OptimizedMod
     if ctx is not None:
         for name in ("forward", "training_step", "validation_step", "test_step", "predict_step"):
             method = ctx[f"original_{name}"]
-            if getattr(method, "__self__", None) is original and method.__func__ is getattr(type(original), name):
+            own = getattr(type(original), name, None)
+            if getattr(method, "__self__", None) is original and getattr(method, "__func__", None) is own:
                 # the class's own method: no instance attribute, as before `from_compiled`
                 original.__dict__.pop(name, None)
             else:
@@ -160,9 +161,10 @@ class _ForwardRedirection:
         try:
             wrapper_output = wrapper_module(*args, **kwargs)
         finally:
-            # if the call raised before `wrapped_forward` ran (a compile error, an interrupt), unpatch here
+            # if the call raised before `wrapped_forward` ran (a compile error, an interrupt), unpatch here, and undo
+            # what `on_after_inner_forward` may have set (DDP's gradient sync, off under manual optimization)
             original_module.forward = original_forward  # type: ignore[method-assign]
-        self.on_after_outer_forward(wrapper_module, original_module)
+            self.on_after_outer_forward(wrapper_module, original_module)
         return wrapper_output
 
     def on_after_inner_forward(self, wrapper_module: Module, original_module: "pl.LightningModule") -> None:

@@ -178,8 +178,8 @@ _LIGHTNING_TEARDOWN = """\
 """
 
 _FIXED_REDIRECTION = (
-    "- Fixed `_ForwardRedirection` leaving the LightningModule's `forward` patched when the wrapped call raises, so"
-    " that the next call of `forward` ran a step method"
+    "- Fixed the LightningModule's `forward` running a step method (and DDP's gradient sync staying off under manual"
+    " optimization) after a step under DDP or FSDP raised"
 )
 _FIXED_FROM_COMPILED = "- Fixed `from_compiled` raising for a LightningModule with a step set to `None`"
 _FIXED_TO_UNCOMPILED = (
@@ -191,8 +191,8 @@ _FIXED_CORE = (
 )
 
 _FIXED_FABRIC_REDIRECTION = (
-    "- Fixed `_FabricModule` leaving the module's `forward` patched when the wrapper's call raises, so that the next"
-    " call of `forward` ran the method marked with `mark_forward_method` (or a step method) instead"
+    "- Fixed the module's `forward` running the method marked with `mark_forward_method` after a call of that method"
+    " through the wrapper (DDP, FSDP) raised"
 )
 
 FIX_FORWARD_REDIRECTION = Patch(
@@ -201,9 +201,11 @@ FIX_FORWARD_REDIRECTION = Patch(
 To run a step method through the DDP/FSDP wrapper's forward, the Trainer's
 `_ForwardRedirection` and Fabric's `_FabricModule._redirection_through_forward` patch the
 LightningModule's `forward`, and unpatch it from inside the patched `forward`. When the
-wrapper's call raises before it gets there (a forward pre-hook that raises, a compile error, a
-KeyboardInterrupt), the module kept the patched `forward`: its next call, `model(x)`, ran the step
-method instead and returned its output (a dict with the loss). Both now restore it in a `finally`.
+wrapper's call raises before it gets there (a forward pre-hook that raises, an error in DDP's
+pre-forward, a KeyboardInterrupt), the module kept the patched `forward`: its next call, `model(x)`,
+ran the step method instead and returned its output (a dict with the loss). Both now restore it in
+a `finally`, where the Trainer's redirection also calls `on_after_outer_forward`: under manual
+optimization DDP's turns gradient sync back on, which `on_after_inner_forward` had turned off.
 
 Issue text:
 

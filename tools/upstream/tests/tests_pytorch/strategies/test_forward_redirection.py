@@ -27,11 +27,23 @@ class _FailingWrapper(torch.nn.Module):
         raise RuntimeError("the wrapper failed")
 
 
+class _RecordingRedirection(_ForwardRedirection):
+    def __init__(self):
+        self.outer_calls = 0
+
+    def on_after_outer_forward(self, wrapper_module, original_module):
+        self.outer_calls += 1  # DDP's turns gradient sync back on here, after manual optimization turned it off
+
+
 def test_forward_redirection_restores_forward_when_the_call_raises():
     model = BoringModel()
     batch = torch.randn(2, 32)
+    redirection = _RecordingRedirection()
     with pytest.raises(RuntimeError, match="the wrapper failed"):
-        _ForwardRedirection()(_FailingWrapper(model), model, "training_step", batch, 0)
-    # the module's own forward again, not the redirecting one left behind
-    assert model.forward.__func__ is BoringModel.forward
-    torch.testing.assert_close(model(batch), model.layer(batch))
+        redirection(_FailingWrapper(model), model, "training_step", batch, 0)
+    # the module's own forward again, not the redirecting one left behind (which ran `training_step`: a dict)
+    output = model(batch)
+    assert isinstance(output, torch.Tensor), output
+    torch.testing.assert_close(output, model.layer(batch))
+    assert getattr(model.forward, "__func__", None) is BoringModel.forward
+    assert redirection.outer_calls == 1
