@@ -189,6 +189,17 @@ def test_unsupported_strategy_is_fine_without_use_compile(use_compile):
     assert trainer.strategy is strategy  # neither refused nor replaced: only `use_compile` needs a supported one
 
 
+def test_model_parallel_takes_use_compile_and_refuses_a_compiled_model_passed_in_as_lightning_does(tmp_path):
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    # `use_compile` compiles under it (the tensor-parallel checks are its own)
+    Trainer(strategy=ModelParallelStrategy(), use_compile=True, default_root_dir=tmp_path, **QUIET)
+    # a compiled model passed in without `use_compile` gets Lightning's refusal, nothing more
+    trainer = Trainer(strategy=ModelParallelStrategy(), default_root_dir=tmp_path, **QUIET)
+    with pytest.raises(RuntimeError, match="incompatible with the current strategy: `ModelParallelStrategy`"):
+        trainer.fit(torch.compile(BoringModel(), backend="eager"))
+
+
 def test_deepspeed_is_rejected():
     from lightning.pytorch.strategies import DeepSpeedStrategy
 

@@ -37,6 +37,7 @@ import lightning.pytorch as pl
 import lightning_compile_patch.compile_features as compile_features  # [ladder features]
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning.fabric.wrappers import _unwrap_compiled
+from lightning.pytorch.strategies import ModelParallelStrategy  # [ladder features]
 from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
 from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -206,7 +207,9 @@ class _CompileConnector:
     # [ladder use_compile]
     def verify_strategy(self) -> None:
         """Rejects a strategy that cannot run compiled, while the Trainer is being constructed."""
-        if self.enabled:
+        # [ladder !features] if self.enabled:
+        # `ModelParallelStrategy` runs what `use_compile` compiles in `configure_model` (its features check what)
+        if self.enabled and not isinstance(self.trainer.strategy, ModelParallelStrategy):  # [ladder features]
             _verify_strategy_supports_compile(None, self.trainer.strategy)
         for feature in self.features:  # [ladder features]
             feature.verify(self)  # [ladder features]
@@ -223,14 +226,20 @@ class _CompileConnector:
         if self.use_compile is False:  # the previous behavior: Lightning compiles the steps before the wrap
             return model
         # [/ladder]
-        _verify_strategy_supports_compile(None, self.trainer.strategy)  # where Lightning checks a compiled model
         # [ladder use_compile]
         if self.enabled:  # its arguments are not needed: it may have been compiled before `lightning` was imported
-            rank_zero_warn("The model passed in is compiled and `Trainer(use_compile)` is set too: `use_compile` wins.")
+            rank_zero_warn(
+                "The model passed in is compiled and `Trainer(use_compile)` is set too: `use_compile` wins. Pass the"
+                " uncompiled model, or remove `use_compile`."
+            )
             return model._orig_mod
         # [/ladder]
+        _verify_strategy_supports_compile(None, self.trainer.strategy)  # where Lightning checks a compiled model
         if getattr(model, "_compile_kwargs", None) is None:
-            rank_zero_warn("The model was compiled before `lightning` was imported: it is not compiled after the wrap.")
+            rank_zero_warn(
+                "The model was compiled before `lightning` was imported, so its `torch.compile` arguments are unknown"
+                " and it is not compiled after the wrap. Import `lightning` before calling `torch.compile`."
+            )
             return model
         module, compile_kwargs = _unwrap_compiled(model)
         self._input_kwargs = dict(compile_kwargs or {})
@@ -252,8 +261,10 @@ class _CompileConnector:
             self._claim_the_process()
         self.given = given
         # [/ladder]
+        # [ladder use_compile]
         if model._compiler_ctx is not None:
             to_uncompiled(model)  # compiled by hand with `from_compiled`: compile once, after the wrap
+        # [/ladder]
         # [ladder features]
         self._active = list(self.features)
         for feature in self._active:
@@ -277,18 +288,19 @@ class _CompileConnector:
         self.step_kwargs = _Frozen(kwargs)
         # [/ladder]
         # [ladder !features] kwargs = self.run_kwargs
-        # [ladder !features] self.callback(_crowded_code_reset())
-        self.callback(_crowded_code_reset(), scope="run")  # [ladder features]
+        # [ladder !features] self.defer(_crowded_code_reset())
+        self.defer(_crowded_code_reset(), scope="run")  # [ladder features]
         module, wrapper = self.trainer.lightning_module, self.trainer.strategy.model
         assert wrapper is not None
         if wrapper is not module and kwargs.get("fullgraph"):
             # DDP's own forward calls into its C++ reducer, which no graph can hold: its steps are compiled inside it
             rank_zero_info("`fullgraph=True`: the steps are compiled inside the strategy's wrapper, not the wrapper.")
         elif wrapper is not module:
-            # DDP, FSDP: the strategy calls every step through the wrapper's forward, so one compiled call covers the
-            # wrapper's own forward, the step and the loss
+            # DDP, FSDP: the strategy calls every step through the wrapper's forward, so the wrapper's own forward is
+            # traced with the step and the loss (DDP's: from torch 2.9, with graph breaks at its C++ reducer calls)
             wrapper.compile(**kwargs)
-            self.callback(wrapper.__dict__.pop, "_compiled_call_impl", None)
+            # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
+            self.defer(wrapper.__dict__.pop, "_compiled_call_impl", None)
             # [ladder features]
             compiled = wrapper._compiled_call_impl
             assert compiled is not None
@@ -296,11 +308,12 @@ class _CompileConnector:
             # [/ladder]
             return
         # no wrapper (one device, or a stage without one): the strategy calls the step methods directly
-        compile_fn = torch.compile  # without Fabric's capture, which deep-copies the arguments onto the module
-        while compile_fn.__code__.co_name == "_capture":  # one per Lightning package
-            compile_fn = compile_fn.__wrapped__
-        from_compiled(cast(OptimizedModule, compile_fn(module, **kwargs)))
-        self.callback(to_uncompiled, module)
+        # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
+        # [ladder use_compile]
+        # `inspect.unwrap`: without Fabric's capture of `torch.compile`, which deep-copies the backend onto the module
+        from_compiled(cast(OptimizedModule, inspect.unwrap(torch.compile)(module, **kwargs)))
+        # [/ladder]
+        self.defer(to_uncompiled, module)
         # [ladder features]
         assert module._compiler_ctx is not None
         for name in ("training_step", "validation_step", "test_step", "predict_step"):
@@ -335,9 +348,9 @@ class _CompileConnector:
         own = name in getattr(target, "__dict__", {}) or isinstance(target, types.ModuleType)
         if own or hasattr(type(found), "__set__"):
             before = getattr(target, name)
-            self.callback(lambda: setattr(target, name, before), scope=scope)
+            self.defer(lambda: setattr(target, name, before), scope=scope)
         else:
-            self.callback(_delete, target, name, scope=scope)
+            self.defer(_delete, target, name, scope=scope)
         setattr(target, name, value)
 
     def setenv(self, name: str, value: str, scope: _Scope = "run") -> None:
@@ -345,20 +358,20 @@ class _CompileConnector:
         before = os.environ.get(name)
         os.environ[name] = value
         if before is None:
-            self.callback(lambda: os.environ.pop(name, None), scope=scope)
+            self.defer(lambda: os.environ.pop(name, None), scope=scope)
         else:
-            self.callback(lambda: os.environ.__setitem__(name, before), scope=scope)
+            self.defer(lambda: os.environ.__setitem__(name, before), scope=scope)
 
     def enter(self, context: contextlib.AbstractContextManager, scope: _Scope = "run") -> Any:
         """Enters ``context`` (torch's own ``config.patch``, a switch) until the end of ``scope``."""
         value = context.__enter__()
-        self.callback(lambda: context.__exit__(None, None, None), scope=scope)
+        self.defer(lambda: context.__exit__(None, None, None), scope=scope)
         return value
 
     # [/ladder]
-    # [ladder !features] def callback(self, undo: Callable[..., Any], *args: Any) -> None:
-    def callback(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:  # [ladder features]
-        """Calls ``undo(*args)`` when the run's changes are undone, latest first."""
+    # [ladder !features] def defer(self, undo: Callable[..., Any], *args: Any) -> None:
+    def defer(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:  # [ladder features]
+        """Calls ``undo(*args)`` when the run's changes are undone (at its teardown), latest first."""
         # a closure, not a `functools.partial`: a Trainer that a callback deep-copies mid-run (Lightning's own tests do)
         # copies functions by reference, while a partial's arguments (a config module) would be copied and cannot be
         # [ladder !features] self._undo.append(lambda: undo(*args))
@@ -473,7 +486,8 @@ def _parse_use_compile(use_compile: Any, feature_keys: dict[str, str]) -> _Compi
                 f"`Trainer(use_compile=...)` got the unknown key {key!r}.{hint} Valid keys: {torch_keys}{own}."
             )
             # [/ladder]
-    torch_kwargs = {k: v for k, v in use_compile.items() if k in torch_keys}
+    # [ladder !features] torch_kwargs = dict(use_compile)
+    torch_kwargs = {k: v for k, v in use_compile.items() if k in torch_keys}  # [ladder features]
     _check_compile_kwargs(torch_kwargs)
     keys = {k: v for k, v in use_compile.items() if k not in torch_keys}  # [ladder features]
     return _CompileOptions(torch_kwargs=_Frozen(torch_kwargs), keys=_Frozen(keys))  # [ladder features]

@@ -11,8 +11,8 @@ at import (:func:`install`), so both deliveries run the same code.
 * ``_ForwardRedirection.__call__`` (the Trainer's) and ``_FabricModule._redirection_through_forward`` (Fabric's) left
   the module's ``forward`` patched when the wrapper's call raised (a compile error, a hook that raised, an interrupt),
   so the next call of ``forward`` ran the step method. Both now restore it on every path.
-* ``_verify_strategy_supports_compile`` refused ``ModelParallelStrategy``; it can also check a strategy for a model
-  that is yet to be compiled (``model=None``).
+* ``_verify_strategy_supports_compile`` can also check a strategy for a model that is yet to be compiled
+  (``model=None``).
 
 """
 
@@ -27,7 +27,6 @@ from lightning.pytorch.strategies import (
     DDPStrategy,
     DeepSpeedStrategy,
     FSDPStrategy,
-    ModelParallelStrategy,
     SingleDeviceStrategy,
     Strategy,
 )
@@ -114,14 +113,15 @@ def _verify_strategy_supports_compile(model: Optional["pl.LightningModule"], str
     """Raises if ``model`` is compiled, or is to be compiled (``None``), and ``strategy`` cannot run it compiled."""
     if model is None or model._compiler_ctx is not None:
         supported_strategies: tuple[type[Strategy], ...] = (SingleDeviceStrategy, DDPStrategy, FSDPStrategy)
-        supported_strategies += (ModelParallelStrategy,)  # [ladder features]
         if not isinstance(strategy, supported_strategies) or isinstance(strategy, DeepSpeedStrategy):
             supported_strategy_names = ", ".join(s.__name__ for s in supported_strategies)
             raise RuntimeError(
                 f"Using a compiled model is incompatible with the current strategy: `{type(strategy).__name__}`."
                 f" Only {supported_strategy_names} support compilation. Either switch to one of the supported"
                 # [ladder !use_compile] " strategies or avoid passing in compiled model."
-                " strategies or avoid passing in compiled model and `Trainer(use_compile=...)`."  # [ladder use_compile]
+                # [ladder use_compile]
+                " strategies, or do not pass a compiled model or set `Trainer(use_compile=...)`."
+                # [/ladder]
             )
 
 

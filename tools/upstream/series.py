@@ -186,9 +186,6 @@ _FIXED_TO_UNCOMPILED = (
     "- Fixed `to_uncompiled` leaving the step methods behind as instance attributes, so that a method patched on the"
     " class later was ignored, and each step kept the module alive through a reference cycle"
 )
-_FIXED_CORE = (
-    f"- Fixed a `torch.compile`-d model being refused under `ModelParallelStrategy`, which can run it compiled {ISSUE}"
-)
 
 _FIXED_FABRIC_REDIRECTION = (
     "- Fixed the module's `forward` running the method marked with `mark_forward_method` after a call of that method"
@@ -277,11 +274,9 @@ _FIXED_SPAWN = (
     " BoringModel.forward: it's not the same object\"): the model is unwrapped before the processes are spawned"
 )
 _REAPPLIED = (
-    "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, right after the"
-    " strategy wraps it (and before any hook that runs a step, such as the tuner's), so that under DDP and FSDP the"
-    " wrapper itself runs compiled, as Fabric does; the LightningModule's steps are no longer compiled on their own"
-    f" before the wrap, and nothing of it is left compiled after the run {ISSUE}\n\n"
-    f"{_FIXED_SPAWN}\n"
+    "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, after the"
+    " strategy wraps it, so that DDP's and FSDP's wrapper runs compiled, as in Fabric; the LightningModule passed in is"
+    f" no longer left compiled after the run (its `_compiler_ctx` is `None`) {ISSUE}\n"
 )
 
 REAPPLY = Patch(
@@ -301,7 +296,9 @@ right after `strategy.setup` and before any hook that runs a step (the tuner's t
 `nn.Module.compile`, so Lightning's `isinstance(..., DistributedDataParallel)` checks and the
 state-dict keys stay; without one, or with `fullgraph=True` (DDP's forward calls its C++
 reducer, which no single graph holds), the LightningModule's steps, with `from_compiled`. Each
-step keeps its signature, and everything is undone in `_teardown`, on every path.
+step keeps its signature, and everything is undone in `_teardown`, on every path. This also
+fixes `strategy="ddp_spawn"` with a compiled model, which failed to pickle it ("Can't pickle
+BoringModel.forward: it's not the same object"): the model is unwrapped before the spawn.
 
 A run adds compiled entries of its own (its wrapper, its shapes, its backend) to code that
 every model shares: DDP's forward, the forward redirection's `wrapped_forward`, the step
@@ -366,6 +363,7 @@ compiled as it was.""",
         Replace(COMPILE_UTILS, "from typing import Union\n", "from typing import Optional, Union\n"),
         ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
         Replace(CHANGELOG, "### Changed\n\n-\n", f"### Changed\n\n{_REAPPLIED}"),
+        *_changelog_fixed(_FIXED_SPAWN, 1),
         _section_before("Avoid graph breaks", "reapply_compile"),
         Replace(
             COMPILE_DOCS,
@@ -504,21 +502,13 @@ it on every path. One compiled run at a time per process: Dynamo's counters and 
 process-wide. The private torch names the features need (Dynamo's counters, compilation metrics,
 per-code resets, compiled autograd's switch, DDP's python reducer) are reached only in
 `compile_features/_torch_surface.py`, each with the torch versions it is read on, so that a torch
-release that moves one changes one line. This patch adds no feature.""",
+release that moves one changes one line. With `use_compile` set, `ModelParallelStrategy` is
+accepted too (the later patches that compile under it check what they compile); a compiled
+model passed in without `use_compile` is checked as before. This patch adds no feature.""",
     modules=("compile_features", "compile_connector", "compile_features._torch_surface"),
     layers=("features",),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
     edits=(
-        Replace(
-            COMPILE_UTILS,
-            "from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy,"
-            " SingleDeviceStrategy, Strategy\n",
-            "from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy,"
-            " SingleDeviceStrategy, Strategy\n"
-            "from lightning.pytorch.strategies.model_parallel import ModelParallelStrategy\n",
-        ),
-        ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
-        *_changelog_fixed(_FIXED_CORE, 4),
         InsertAfter(
             COMPILE_DOCS,
             "The dict takes the arguments of ``torch.compile``",
@@ -644,8 +634,8 @@ changes, with an error that names `use_compile={"regions": "auto"}`: regions com
 with its hooks, in one graph. Tensor parallelism under `use_compile` was tested on torch 2.13 (CPU,
 gloo, on a 2x2 mesh with FSDP2); on another torch it warns.
 
-Builds on the regions patch: the module asks it which modules have tensor-parallel hooks, and the
-test trains the 2x2 mesh with regions.""",
+Comes after the regions patch: the module imports nothing of it, but its test trains the 2x2 mesh
+with regions too.""",
     InsertAfter(
         COMPILE_DOCS, "For a full example, see our `FP8 Distributed Transformer example", _doc("tensor_parallel")
     ),

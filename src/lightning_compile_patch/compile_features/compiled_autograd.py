@@ -140,7 +140,7 @@ class _CompiledAutograd(_CompileFeature):
                     " reducer, which compiled autograd cannot trace: `torch._dynamo.config.optimize_ddp` was changed"
                     " after `fit` started (in a `setup` or `configure_model` hook?). Leave it to `use_compile`."
                 )
-            connector.callback(surface.remove_reducer_hooks, wrapper, scope="run")
+            connector.defer(surface.remove_reducer_hooks, wrapper, scope="run")
         backward_kwargs = connector.run_kwargs if self.value is True else self.value
         switch = _switch()
         assert switch is not None
@@ -178,7 +178,7 @@ def _use_python_reducer(connector: _CompileConnector) -> None:
     for name in _INDUCTOR_SETTINGS:  # DDP sets them when it is built: they are put back when the run ends
         connector.replace(surface.inductor_config, name, getattr(surface.inductor_config, name), scope="run")
     if not surface.ddp_file_traced():  # DDP adds its file to Dynamo's inline list when it is built
-        connector.callback(surface.stop_tracing_ddp_file, scope="run")
+        connector.defer(surface.stop_tracing_ddp_file, scope="run")
 
 
 FEATURE = _CompiledAutograd

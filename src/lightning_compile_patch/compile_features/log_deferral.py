@@ -34,11 +34,11 @@ class _LogBoundary:
         self._eager = {name: getattr(module, name) for name in _LOG_METHODS}
         for name in _LOG_METHODS:
             connector.replace(module, name, self._deferring(name))
-        connector.callback(self._pending.clear)
+        connector.defer(self._pending.clear)
         # one code object for every replacement: skipped as a frame of its own, still traced inline
         code = self._deferring("log").__code__
         surface.skip_code(code)
-        connector.callback(surface.reset_code, code)
+        connector.defer(surface.reset_code, code)
 
     def _deferring(self, name: str) -> Callable[..., None]:
         """The replacement for one logging method."""

@@ -34,60 +34,47 @@ from lightning_compile_patch.compile_connector import _CompileConnector, _Compil
 _Spec = Union[str, tuple[Union[type, str], ...]]
 
 
-def _parse_regions(regions: Any) -> _Spec:
+def _parse_regions(regions: Any) -> Optional[_Spec]:
     """Validates a ``regions`` value: ``"auto"``, a module class, or a tuple or list of classes and class names."""
-    if regions == "auto":
-        return "auto"
-    if isinstance(regions, (type, str)):
-        regions = (regions,)
-    if not isinstance(regions, (list, tuple)) or not regions:
+    if regions is None or regions == "auto":
+        return regions
+    entries = (regions,) if isinstance(regions, (type, str)) else regions
+    if not isinstance(entries, (list, tuple)) or not entries:
         raise TypeError(
             f"`Trainer(use_compile={{'regions': {regions!r}}})` must be 'auto', an `nn.Module` subclass, or a non-empty"
             " list of subclasses or class names, such as `{'regions': ['Block']}`."
         )
-    for item in regions:
-        if (isinstance(item, str) and item.isidentifier()) or (isinstance(item, type) and issubclass(item, nn.Module)):
-            continue
-        raise TypeError(
-            f"`Trainer(use_compile={{'regions': ...}})` got {item!r}; each entry must be an `nn.Module` subclass or the"
-            " name of one, such as 'Block'."
-        )
-    return tuple(regions)
-
-
-def _repeated_blocks(module: nn.Module) -> dict[str, nn.Module]:
-    """The blocks of every container that holds two or more modules of one class, outermost first, by name."""
-    found: dict[str, nn.Module] = {}
-    for name, container in module.named_modules():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)) or any(name.startswith(f"{k}.") for k in found):
-            continue
-        children = list(container.named_children())
-        if len(children) > 1 and len({type(child) for _, child in children}) == 1:
-            for child_name, child in children:
-                found[f"{name}.{child_name}" if name else child_name] = child
-    return found
+    for item in entries:
+        module_class = isinstance(item, type) and issubclass(item, nn.Module)
+        if not (item.isidentifier() if isinstance(item, str) else module_class):
+            raise TypeError(
+                f"`Trainer(use_compile={{'regions': ...}})` got {item!r}; each entry must be an `nn.Module` subclass or"
+                " the name of one, such as 'Block'."
+            )
+    return tuple(entries)
 
 
 def _find_regions(module: nn.Module, regions: _Spec) -> dict[str, nn.Module]:
-    """The blocks to compile, by name: ``"auto"``'s repeated blocks, or the instances of a class in ``regions`` or
-    named there (subclasses included). When matches nest, the outermost wins.
-
-    Raises:
-        ValueError: If nothing matches; the message lists the repeated blocks the model has.
+    """The blocks to compile, by name, in one walk: ``"auto"``'s are the blocks of every container of two or more
+    modules of one class; otherwise, the instances of a class in ``regions`` or named there (subclasses included).
+    When matches nest, the outermost wins. Nothing matching raises a ``ValueError`` that lists the repeated blocks.
 
     """
-    if isinstance(regions, str):  # "auto"
-        found = _repeated_blocks(module)
-    else:
-        found = {}
-        for name, submodule in module.named_modules():
-            names = {cls.__name__ for cls in type(submodule).__mro__}
-            matches = any(isinstance(submodule, r) if isinstance(r, type) else r in names for r in regions)
-            if name and matches and not any(name.startswith(f"{outer}.") for outer in found):
-                found[name] = submodule
+    repeated: dict[str, nn.Module] = {}  # "auto"'s blocks, and the candidates an error names
+    matched: dict[str, nn.Module] = {}
+    for name, sub in module.named_modules():
+        if isinstance(sub, (nn.ModuleList, nn.Sequential)) and not any(name.startswith(f"{b}.") for b in repeated):
+            children = dict(sub.named_children())
+            if len(children) > 1 and len({type(child) for child in children.values()}) == 1:
+                repeated.update({f"{name}.{key}" if name else key: child for key, child in children.items()})
+        if not isinstance(regions, str) and name and not any(name.startswith(f"{m}.") for m in matched):
+            names = {cls.__name__ for cls in type(sub).__mro__}
+            if any(isinstance(sub, r) if isinstance(r, type) else r in names for r in regions):
+                matched[name] = sub
+    found = repeated if isinstance(regions, str) else matched  # "auto"
     if found:
         return found
-    candidates = sorted({type(block).__name__ for block in _repeated_blocks(module).values()})
+    candidates = sorted({type(block).__name__ for block in repeated.values()})
     hint = (
         f" It has these repeated blocks: {', '.join(candidates)}; pass one of them, or 'auto'."
         if candidates
@@ -101,11 +88,10 @@ def _find_regions(module: nn.Module, regions: _Spec) -> dict[str, nn.Module]:
 
 
 def _rest_of_model(module: nn.Module, blocks: dict[str, nn.Module]) -> dict[str, nn.Module]:
-    """What runs between the blocks (embeddings, final norm, head), by name, to compile as regions of their own.
-
-    The ``forward`` that loops over the blocks cannot be compiled around them (Dynamo does not resume a graph inside a
-    loop), so what it calls would run eagerly: the largest submodules with parameters that neither are, hold nor sit
-    in a block, under a module that owns blocks (a block container's nearest ancestor that is not a container).
+    """What runs between the blocks (embeddings, final norm, head), by name, to compile as regions of their own: the
+    ``forward`` that loops over the blocks cannot be compiled around them (Dynamo does not resume a graph inside a
+    loop). They are the largest submodules with parameters that neither are, hold nor sit in a block, under a module
+    that owns blocks (a block container's nearest ancestor that is not a container).
 
     """
 
@@ -130,56 +116,36 @@ def _rest_of_model(module: nn.Module, blocks: dict[str, nn.Module]) -> dict[str,
     return rest
 
 
-#: The attribute values Dynamo specializes compiled code on: numbers, strings, ``None``, tuples and enums.
-_CONSTANTS = (bool, int, float, str, type(None), tuple, enum.Enum)
-
-
-def _per_layer_constants(blocks: dict[str, nn.Module]) -> list[str]:
-    """The plain attributes whose values differ from block to block, such as HF's ``layer_idx``.
-
-    Dynamo specializes compiled code on them, so such blocks cannot share a graph: each would recompile it, until the
-    recompile limit left the deeper blocks eager. Whether ``forward`` reads the attribute is not checked (a helper may
-    read it): an unread one costs a compile per block, never an eager block. ``training`` is the loops' own.
-
-    """
-    values: dict[str, set[str]] = {}
-    for block in blocks.values():
-        for prefix, module in block.named_modules():
-            for key, value in vars(module).items():
-                if key != "training" and isinstance(value, _CONSTANTS):
-                    values.setdefault(f"{prefix}.{key}" if prefix else key, set()).add(repr(value))
-    return sorted(name for name, seen in values.items() if len(seen) > 1)
-
-
 def _compile_regions(
     regions: dict[str, nn.Module], compile_kwargs: Mapping[str, Any], shared: bool, replace: Callable = setattr
 ) -> None:
-    """Compiles each region in place, as a call that the compiled step around it does not trace into.
-
-    ``replace(module, name, value)`` sets the compiled call (the connector's records it, for the undo). Static shapes
-    unless ``dynamic`` is given, as in torchtitan: a new input shape compiles the shared block once more, not per block.
-
-    ``shared``: identical blocks, which share one compiled graph. Otherwise each region runs from a code object of its
-    own (``_region_call``): Dynamo keeps compiled entries, and counts them against its recompile limit, per code object,
-    so blocks that differ in a per-layer constant would recompile one shared entry until the limit left the deeper ones
-    eager, and two embeddings would share ``nn.Embedding.forward``'s. Identical graphs still share inductor's caches.
+    """Compiles each region in place, as a call that the compiled step around it does not trace into: ``replace``
+    (``setattr`` by default; the connector's records it, for the undo) sets it. ``shared``: identical blocks, which
+    share one compiled graph.
 
     """
+    # static shapes unless `dynamic` is given, as in torchtitan: a new input shape compiles the shared block once more,
+    # not once per block
     kwargs = {"dynamic": False, **compile_kwargs}
     for region in regions.values():
-        if _has_tensor_parallel_hooks(region):
-            compiled = torch.compile(_region_call(region._call_impl, own_code=not shared), **kwargs)
-            replace(region, "_compiled_call_impl", _region_boundary(compiled, region._call_impl))
-        else:
-            forward = region.forward if shared else _region_call(region.forward, own_code=True)
-            replace(region, "forward", _region_boundary(torch.compile(forward, **kwargs), region.forward))
+        # `parallelize_module`'s hooks on the module redistribute DTensors: compile them with it, as `nn.Module.compile`
+        # does. An output partial before its output hook (a vocabulary-parallel embedding's `_MaskPartial`) cannot
+        # cross a graph's boundary ("Mixing fake modes NYI", torch 2.13).
+        hooked = getattr(region, "_distribute_module_applied", False)
+        name, call = ("_compiled_call_impl", region._call_impl) if hooked else ("forward", region.forward)
+        # Dynamo keeps compiled entries, and counts them against its recompile limit, per code object: shared blocks
+        # use their `forward`'s. Others get a code object each, or blocks that differ in a per-layer constant would
+        # recompile one entry until the limit left the deeper ones eager, and two embeddings would share
+        # `nn.Embedding.forward`'s. Identical graphs still share inductor's caches.
+        traced = call if shared and not hooked else _region_call(call, own_code=not shared)
+        replace(region, name, _region_boundary(torch.compile(traced, **kwargs), call))
 
 
 def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
     """Runs a region's compiled code; when the step around it is traced, the call stays opaque (a graph break)."""
 
     @torch.compiler.disable
-    def compiled_region(*args: Any, **kwargs: Any) -> Any:
+    def compiled_region(*args: Any, **kwargs: Any) -> Any:  # the run summary counts breaks at this name as expected
         return compiled(*args, **kwargs)
 
     compiled_region.__wrapped__ = original  # for signature inspection
@@ -187,11 +153,10 @@ def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any])
 
 
 def _region_call(call: Callable[..., Any], own_code: bool) -> Callable[..., Any]:
-    """Calls ``call`` from a frame of this file, which Dynamo traces; with ``own_code``, from a copy of its code.
-
-    ``torch.compile(module._call_impl)`` would start in ``torch.nn``, which Dynamo does not trace, and compile the hooks
-    and ``forward`` apart. The copy is equal but distinct: Dynamo's entries live on the object, on every torch (torch
-    2.13's ``isolate_recompiles`` did the same, and is not needed).
+    """Calls ``call`` from a frame of this file, which Dynamo traces: ``torch.compile(module._call_impl)`` would start
+    in ``torch.nn``, which it does not, and compile the hooks and ``forward`` apart. With ``own_code``, from a copy of
+    its code, equal but distinct: Dynamo keeps entries on the code object, on every torch (torch 2.13's
+    ``isolate_recompiles`` did the same, and is not needed).
 
     """
 
@@ -203,33 +168,17 @@ def _region_call(call: Callable[..., Any], own_code: bool) -> Callable[..., Any]
     return types.FunctionType(region.__code__.replace(), region.__globals__, "region", None, region.__closure__)
 
 
-def _has_tensor_parallel_hooks(module: nn.Module) -> bool:
-    """Whether ``parallelize_module`` put its hooks, which redistribute DTensors, on ``module`` itself.
-
-    Such a module is compiled with its hooks, as ``nn.Module.compile`` does: an output that is partial before its
-    output hook (a vocabulary-parallel embedding's ``_MaskPartial``) cannot cross a graph's boundary ("Mixing fake
-    modes NYI", torch 2.13).
-
-    """
-    return bool(getattr(module, "_distribute_module_applied", False))
-
-
 class _Regions(_CompileFeature):
     """Compiles each repeated block on its own, then the rest of the step around them."""
 
     keys = {"regions": "compile each repeated block on its own: 'auto', a class, classes or class names"}
+    summary_note: Optional[str] = None  # how the blocks were compiled, for the run's summary line
 
     def __init__(self, options: _CompileOptions) -> None:
-        regions = options.keys.get("regions")
-        self.regions = _parse_regions(regions) if regions is not None else None
-        self._note: Optional[str] = None
-
-    @property
-    def summary_note(self) -> Optional[str]:
-        return self._note
+        self.regions = _parse_regions(options.keys.get("regions"))
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
-        self._note = None
+        self.summary_note = None
         if self.regions is not None and not is_overridden("configure_model", model):
             _find_regions(model, self.regions)  # fail now, before the data is prepared
 
@@ -238,12 +187,22 @@ class _Regions(_CompileFeature):
             return {}
         module = connector.trainer.lightning_module
         blocks = _find_regions(module, self.regions)
-        constants = _per_layer_constants(blocks)
+        # the plain attributes whose values differ from block to block, such as HF's `layer_idx`: Dynamo specializes
+        # compiled code on numbers, strings, `None`, tuples and enums, so such blocks cannot share a graph (each would
+        # recompile it until the recompile limit left the deeper blocks eager). An attribute `forward` does not read (a
+        # helper may) costs a compile per block, never an eager block. `training` is the loops' own.
+        values: dict[str, set[str]] = {}
+        for block in blocks.values():
+            for prefix, sub in block.named_modules():
+                for key, value in vars(sub).items():
+                    if key != "training" and isinstance(value, (bool, int, float, str, type(None), tuple, enum.Enum)):
+                        values.setdefault(f"{prefix}.{key}" if prefix else key, set()).add(repr(value))
+        constants = sorted(name for name, seen in values.items() if len(seen) > 1)
         kwargs = connector.run_kwargs or {}
         _compile_regions(blocks, kwargs, shared=not constants, replace=connector.replace)
         _compile_regions(_rest_of_model(module, blocks), kwargs, shared=False, replace=connector.replace)
         how = "compiled one by one" if constants else "sharing one compiled graph"
-        self._note = f"regions: {len(blocks)} blocks {how}"
+        self.summary_note = f"regions: {len(blocks)} blocks {how}"
         why = f", since they differ in {', '.join(f'`{c}`' for c in constants[:3])}" if constants else ""
         names = "`, `".join(dict.fromkeys(type(block).__name__ for block in blocks.values()))
         rank_zero_info(f"`use_compile`: regions: {len(blocks)} blocks of `{names}`, {how}{why}.")

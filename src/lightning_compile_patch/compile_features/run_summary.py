@@ -388,7 +388,7 @@ class _CompileReport:
         # user when it happens; the connector removes it when the run ends, on every path
         logger = logging.getLogger(surface.RECOMPILE_LIMIT_LOGGER)
         logger.addFilter(self._watch)
-        connector.callback(logger.removeFilter, self._watch, scope="run")
+        connector.defer(logger.removeFilter, self._watch, scope="run")
         strategy = connector.trainer.strategy
         # the strategy's step methods, for the whole run: a step still counts (as eager) once a fallback has
         # uncompiled the model, and with it the wrappers of `timed`

@@ -131,8 +131,19 @@ def test_compiled_model_runs_every_step_compiled_after_the_strategy_wraps(tmp_pa
     # after the run the model is plain again: its own methods, nothing compiled left on it
     assert model._compiler_ctx is None
     assert "training_step" not in vars(model)
-    assert getattr(trainer.strategy.model, "_compiled_call_impl", None) is None
+    assert "_compiled_call_impl" not in vars(trainer.strategy.model)
     pickle.dumps(model)
+
+
+@RunIf(min_torch="2.6")
+def test_the_wrapper_is_uncompiled_where_module_compile_keeps_its_compiled_call():
+    """The Trainer undoes ``nn.Module.compile`` on the wrapper by removing its ``_compiled_call_impl``: torch has no
+    public way to uncompile, so this fails first if torch renames the attribute."""
+    module = torch.nn.Linear(1, 1)
+    module.compile(backend="eager")
+    assert callable(vars(module)["_compiled_call_impl"])
+    module.__dict__.pop("_compiled_call_impl")
+    assert module._compiled_call_impl is None  # the class's default: the module's calls run its forward uncompiled
 
 
 @RunIf(min_torch="2.9", dynamo=True, skip_windows=True)
