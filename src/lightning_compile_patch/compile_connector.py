@@ -208,8 +208,8 @@ class _CompileConnector:
     def verify_strategy(self) -> None:
         """Rejects a strategy that cannot run compiled, while the Trainer is being constructed."""
         # [ladder !features] if self.enabled:
-        # `ModelParallelStrategy` runs what `use_compile` compiles in `configure_model` (its features check what)
         if self.enabled and not isinstance(self.trainer.strategy, ModelParallelStrategy):  # [ladder features]
+            # (`ModelParallelStrategy` runs what `use_compile` compiles in `configure_model`)  # [ladder features]
             _verify_strategy_supports_compile(None, self.trainer.strategy)
         for feature in self.features:  # [ladder features]
             feature.verify(self)  # [ladder features]

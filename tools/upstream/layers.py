@@ -68,7 +68,9 @@ def _merge_from_imports(source: str) -> str:
     for line in lines:
         this = _FROM.match(line.rstrip("\n"))
         last = _FROM.match(merged[-1].rstrip("\n")) if merged else None
-        if this and last and this["module"] == last["module"]:
+        # an `import x as y` stays on a line of its own, as isort leaves it
+        aliased = any(" as " in match["names"] for match in (this, last) if match)
+        if this and last and this["module"] == last["module"] and not aliased:
             names = {n.strip() for n in f"{last['names']},{this['names']}".split(",") if n.strip()}
             merged[-1] = f"from {this['module']} import {', '.join(sorted(names, key=_isort_key))}\n"
         else:

@@ -52,7 +52,7 @@ RECOMPILE_LIMIT_LOGGER = convert_frame.__name__
 
 
 def is_recompile_limit_hit(message: str) -> bool:
-    """Whether a record of ``RECOMPILE_LIMIT_LOGGER`` tells a hit: "... hit config.recompile_limit (8)" (2.1-2.14)."""
+    """Whether a record of ``RECOMPILE_LIMIT_LOGGER`` tells a hit, as ``hit config.recompile_limit (8)`` (2.1-2.14)."""
     return "hit config." in message and ("recompile_limit" in message or "cache_size_limit" in message)
 
 
@@ -78,7 +78,7 @@ def backward_graphs_compiled() -> int:
 
 
 def compilation_metrics() -> list[Any]:
-    """Dynamo's record of its last 64 frame compiles, oldest first (``get_compilation_metrics``, 2.2-2.14; none on 2.1).
+    """Dynamo's record of its last 64 frame compiles, oldest first (``get_compilation_metrics``: 2.2-2.14, not 2.1).
 
     Each has the frame (``co_name``, ``co_filename``, ``co_firstlineno``), ``fail_type`` and ``fail_reason`` where it
     failed or was skipped, ``graph_op_count``, ``cache_size`` (its entries before: a recompile when above 0) and times.

@@ -57,6 +57,7 @@ def _parse_regions(regions: Any) -> Optional[_Spec]:
 def _find_regions(module: nn.Module, regions: _Spec) -> dict[str, nn.Module]:
     """The blocks to compile, by name, in one walk: ``"auto"``'s are the blocks of every container of two or more
     modules of one class; otherwise, the instances of a class in ``regions`` or named there (subclasses included).
+
     When matches nest, the outermost wins. Nothing matching raises a ``ValueError`` that lists the repeated blocks.
 
     """
@@ -90,8 +91,10 @@ def _find_regions(module: nn.Module, regions: _Spec) -> dict[str, nn.Module]:
 def _rest_of_model(module: nn.Module, blocks: dict[str, nn.Module]) -> dict[str, nn.Module]:
     """What runs between the blocks (embeddings, final norm, head), by name, to compile as regions of their own: the
     ``forward`` that loops over the blocks cannot be compiled around them (Dynamo does not resume a graph inside a
-    loop). They are the largest submodules with parameters that neither are, hold nor sit in a block, under a module
-    that owns blocks (a block container's nearest ancestor that is not a container).
+    loop).
+
+    They are the largest submodules with parameters that neither are, hold nor sit in a block, under a module that owns
+    blocks (a block container's nearest ancestor that is not a container).
 
     """
 
@@ -120,8 +123,9 @@ def _compile_regions(
     regions: dict[str, nn.Module], compile_kwargs: Mapping[str, Any], shared: bool, replace: Callable = setattr
 ) -> None:
     """Compiles each region in place, as a call that the compiled step around it does not trace into: ``replace``
-    (``setattr`` by default; the connector's records it, for the undo) sets it. ``shared``: identical blocks, which
-    share one compiled graph.
+    (``setattr`` by default; the connector's records it, for the undo) sets it.
+
+    ``shared``: identical blocks, which share one compiled graph.
 
     """
     # static shapes unless `dynamic` is given, as in torchtitan: a new input shape compiles the shared block once more,
@@ -154,9 +158,10 @@ def _region_boundary(compiled: Callable[..., Any], original: Callable[..., Any])
 
 def _region_call(call: Callable[..., Any], own_code: bool) -> Callable[..., Any]:
     """Calls ``call`` from a frame of this file, which Dynamo traces: ``torch.compile(module._call_impl)`` would start
-    in ``torch.nn``, which it does not, and compile the hooks and ``forward`` apart. With ``own_code``, from a copy of
-    its code, equal but distinct: Dynamo keeps entries on the code object, on every torch (torch 2.13's
-    ``isolate_recompiles`` did the same, and is not needed).
+    in ``torch.nn``, which it does not, and compile the hooks and ``forward`` apart.
+
+    With ``own_code``, from a copy of its code, equal but distinct: Dynamo keeps entries on the code object, on every
+    torch (torch 2.13's ``isolate_recompiles`` did the same, and is not needed).
 
     """
 
