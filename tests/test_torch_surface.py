@@ -305,7 +305,12 @@ def test_ddp_built_under_the_python_reducer_is_told_synced_and_undone(tmp_path):
         traced_before = surface.ddp_file_traced()
         plain = nn.parallel.DistributedDataParallel(nn.BatchNorm1d(2))
         assert not surface.ddp_uses_python_reducer(plain)
-        with torch._dynamo.config.patch(optimize_ddp="python_reducer"):
+        # building DDP under the python reducer sets inductor's DDP fusion for the process: the patch puts it back
+        fusion = {
+            name: getattr(surface.inductor_config, name)
+            for name in ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
+        }
+        with torch._dynamo.config.patch(optimize_ddp="python_reducer"), surface.inductor_config.patch(fusion):
             wrapper = nn.parallel.DistributedDataParallel(nn.BatchNorm1d(2))
         assert surface.ddp_uses_python_reducer(wrapper)
         assert surface.ddp_file_traced()

@@ -1,12 +1,9 @@
-"""Compiles a ``torch.compile``-d model again after the strategy has wrapped it, in every stage.
+"""Compiles a ``torch.compile``-d model again after the strategy has wrapped it, in every stage, as Fabric does.
 
-The Trainer hands the model passed to ``fit``/``validate``/``test``/``predict`` to :meth:`_CompileConnector.unwrap`,
-which takes a compiled LightningModule out of its ``torch.compile`` wrapper and keeps the arguments it was compiled
-with. Right after ``strategy.setup``, before any hook that runs a step (the tuner's trials run in ``on_fit_start``),
-:meth:`~_CompileConnector.compile` compiles, in place and with those arguments, what the strategy calls: the wrapper
-itself (DDP, FSDP) when there is one, so that the wrapper's own forward runs compiled and its type and state-dict keys
-stay; the LightningModule's steps otherwise (``from_compiled``). :meth:`~_CompileConnector.teardown` undoes it. Fabric
-does the same with ``_reapply_compile``.
+:meth:`_CompileConnector.unwrap` takes the LightningModule passed to ``fit``/``validate``/``test``/``predict`` out of
+its ``torch.compile`` wrapper and keeps its arguments. Right after ``strategy.setup``, before any hook that runs a step,
+:meth:`~_CompileConnector.compile` compiles in place, with them, what the strategy calls: the wrapper (DDP, FSDP), which
+keeps its type and state-dict keys, or else the LightningModule's steps. :meth:`~_CompileConnector.teardown` undoes it.
 
 """
 # [ladder package]
@@ -308,11 +305,7 @@ class _CompileConnector:
             # [/ladder]
             return
         # no wrapper (one device, or a stage without one): the strategy calls the step methods directly
-        # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
-        # [ladder use_compile]
-        # `inspect.unwrap`: without Fabric's capture of `torch.compile`, which deep-copies the backend onto the module
-        from_compiled(cast(OptimizedModule, inspect.unwrap(torch.compile)(module, **kwargs)))
-        # [/ladder]
+        from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
         self.defer(to_uncompiled, module)
         # [ladder features]
         assert module._compiler_ctx is not None

@@ -11,14 +11,20 @@ at import (:func:`install`), so both deliveries run the same code.
 * ``_ForwardRedirection.__call__`` (the Trainer's) and ``_FabricModule._redirection_through_forward`` (Fabric's) left
   the module's ``forward`` patched when the wrapper's call raised (a compile error, a hook that raised, an interrupt),
   so the next call of ``forward`` ran the step method. Both now restore it on every path.
+* ``_capture_compile_kwargs`` (Fabric's) kept a deep copy of the ``torch.compile`` arguments, backend included, so the
+  model compiled again after the wrap (by Fabric, and by the Trainer) compiled with a copy of a backend object: one that
+  counts graphs or holds state saw none. It now keeps the backend itself.
 * ``_verify_strategy_supports_compile`` can also check a strategy for a model that is yet to be compiled
   (``model=None``).
 
 """
 
+from copy import deepcopy
+from functools import wraps
 from typing import Any, Callable, Optional, Union
 
 import torch
+from torch import nn
 from torch._dynamo import OptimizedModule
 from torch.nn import Module
 
@@ -125,6 +131,32 @@ def _verify_strategy_supports_compile(model: Optional["pl.LightningModule"], str
             )
 
 
+def _capture_compile_kwargs(compile_fn: Callable) -> Callable:
+    """Wraps the ``torch.compile`` function and captures the compile arguments.
+
+    We extract the compile arguments so that we can reapply ``torch.compile`` in ``Fabric.setup()`` with the
+    same arguments as the user passed to the original call. The arguments get stored in a dictionary
+    ``_compile_kwargs`` on the returned compiled module.
+
+    """
+    # Limitation: Currently, the global compile config does not get captured on a per-model basis.
+    # PyTorch will resolve this in the future: https://github.com/pytorch/pytorch/issues/116575
+
+    @wraps(compile_fn)
+    def _capture(*args: Any, **kwargs: Any) -> Any:
+        if not args or not isinstance(args[0], nn.Module):
+            # either torch.compile is being applied as a decorator or we're compiling something else
+            return compile_fn(*args, **kwargs)
+
+        model = args[0]
+        compiled_model = compile_fn(model, **kwargs)
+        # the backend itself, not a copy: a backend object (one that counts graphs or holds state) compiles again
+        compiled_model._compile_kwargs = {k: v if k == "backend" else deepcopy(v) for k, v in kwargs.items()}
+        return compiled_model
+
+    return _capture
+
+
 class _ForwardRedirection:
     def __call__(
         self, wrapper_module: Module, original_module: "pl.LightningModule", method_name: str, *args: Any, **kwargs: Any
@@ -207,6 +239,7 @@ FIXES = {
     "from_compiled": ("lightning.pytorch.utilities.compile", None),
     "to_uncompiled": ("lightning.pytorch.utilities.compile", None),
     "_verify_strategy_supports_compile": ("lightning.pytorch.utilities.compile", None),
+    "_capture_compile_kwargs": ("lightning.fabric.wrappers", None),
     "__call__": ("lightning.pytorch.strategies.strategy", "_ForwardRedirection"),
     "_redirection_through_forward": ("lightning.fabric.wrappers", "_FabricModule"),
 }

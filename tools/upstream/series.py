@@ -187,6 +187,12 @@ _FIXED_TO_UNCOMPILED = (
     " class later was ignored, and each step kept the module alive through a reference cycle"
 )
 
+_FIXED_FABRIC_CAPTURE = (
+    "- Fixed `Fabric.setup` compiling a `torch.compile`-d model again with a copy of its backend object, so that a"
+    " backend that counts graphs or holds state saw none: the arguments captured from `torch.compile` keep the backend"
+    " itself"
+)
+
 _FIXED_FABRIC_REDIRECTION = (
     "- Fixed the module's `forward` running the method marked with `mark_forward_method` after a call of that method"
     " through the wrapper (DDP, FSDP) raised"
@@ -298,7 +304,10 @@ state-dict keys stay; without one, or with `fullgraph=True` (DDP's forward calls
 reducer, which no single graph holds), the LightningModule's steps, with `from_compiled`. Each
 step keeps its signature, and everything is undone in `_teardown`, on every path. This also
 fixes `strategy="ddp_spawn"` with a compiled model, which failed to pickle it ("Can't pickle
-BoringModel.forward: it's not the same object"): the model is unwrapped before the spawn.
+BoringModel.forward: it's not the same object"): the model is unwrapped before the spawn. And
+Fabric's capture of the `torch.compile` arguments keeps the backend itself rather than a deep
+copy, so that a backend object that counts graphs or holds state (a `CompileCounter`) is the one
+that compiles after the wrap, here as in `Fabric.setup`: on master its steps compiled with it.
 
 A run adds compiled entries of its own (its wrapper, its shapes, its backend) to code that
 every model shares: DDP's forward, the forward redirection's `wrapped_forward`, the step
@@ -364,6 +373,14 @@ compiled as it was.""",
         ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
         Replace(CHANGELOG, "### Changed\n\n-\n", f"### Changed\n\n{_REAPPLIED}"),
         *_changelog_fixed(_FIXED_SPAWN, 1),
+        ReplaceDef(FABRIC_WRAPPERS, "_capture_compile_kwargs"),
+        InsertAfter(FABRIC_CHANGELOG, "### Fixed", f"\n{_FIXED_FABRIC_CAPTURE}\n", bases=("2.6.6",)),
+        InsertAfter(
+            FABRIC_CHANGELOG,
+            "- Fixed DeepSpeed checkpoint path validation rejecting remote filesystem URIs",
+            f"\n{_FIXED_FABRIC_CAPTURE}\n",
+            bases=("master",),
+        ),
         _section_before("Avoid graph breaks", "reapply_compile"),
         Replace(
             COMPILE_DOCS,

@@ -202,6 +202,12 @@ def _install_fixes(flavour: str) -> list[tuple[Any, str, Any]]:
         for target in targets:
             replaced.append((target, name, target.__dict__[name]))
             setattr(target, name, fixed)
+    # Fabric wrapped `torch.compile` in its capture when it was imported: the fixed capture wraps what that one wrapped
+    torch = importlib.import_module("torch")
+    wrappers = importlib.import_module(fixes.FIXES["_capture_compile_kwargs"][0])
+    if getattr(torch.compile, "__globals__", None) is vars(wrappers):
+        replaced.append((torch, "compile", torch.compile))
+        torch.compile = fixes._capture_compile_kwargs(torch.compile.__wrapped__)
     return replaced
 
 

@@ -149,16 +149,18 @@ class _CompiledAutograd(_CompileFeature):
 
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
         wrapper = connector.trainer.strategy.model
-        python_reducer = isinstance(wrapper, DistributedDataParallel) and surface.ddp_uses_python_reducer(wrapper)
-        if not (self.enabled and python_reducer):
+        if not (self.enabled and isinstance(wrapper, DistributedDataParallel)):
+            return compiled
+        ddp: DistributedDataParallel = wrapper
+        if not surface.ddp_uses_python_reducer(ddp):
             return compiled
 
         def synced(*args: Any, **kwargs: Any) -> Any:
             # what DDP's `_pre_forward`/`_post_forward` do with buffers, and skip under the python reducer
-            surface.sync_ddp_buffers(wrapper, before=True)
+            surface.sync_ddp_buffers(ddp, before=True)
             output = compiled(*args, **kwargs)
-            surface.sync_ddp_buffers(wrapper, before=False)
-            wrapper.require_forward_param_sync = torch.is_grad_enabled() and wrapper.require_backward_grad_sync
+            surface.sync_ddp_buffers(ddp, before=False)
+            ddp.require_forward_param_sync = torch.is_grad_enabled() and ddp.require_backward_grad_sync
             return output
 
         return synced

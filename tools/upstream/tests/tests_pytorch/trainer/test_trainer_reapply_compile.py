@@ -66,9 +66,6 @@ class CountingBackend:
 
         return run
 
-    def __deepcopy__(self, memo):
-        return self  # Lightning keeps a deep copy of the arguments of `torch.compile`
-
 
 class GraphCallsPerStep(Callback):
     """How many compiled graphs each batch of each stage ran (a step that ran no compiled code shows 0)."""
@@ -133,6 +130,27 @@ def test_compiled_model_runs_every_step_compiled_after_the_strategy_wraps(tmp_pa
     assert "training_step" not in vars(model)
     assert "_compiled_call_impl" not in vars(trainer.strategy.model)
     pickle.dumps(model)
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
+def test_the_users_backend_object_compiles_again_after_the_wrap(tmp_path, strategy):
+    """The backend itself, not a copy: a backend that counts graphs or holds state sees the run's graphs."""
+    backend = CountingBackend()
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, **_TRAINER_KWARGS)
+    trainer.fit(torch.compile(BoringModel(), backend=backend))
+    assert backend.graphs > 0
+    assert backend.calls > 0
+
+
+@RunIf(dynamo=True)
+def test_fabric_compiles_again_with_the_users_backend_object():
+    from lightning.fabric import Fabric
+
+    backend = CountingBackend()
+    module = Fabric(accelerator="cpu", devices=1).setup(torch.compile(torch.nn.Linear(2, 2), backend=backend))
+    module(torch.randn(1, 2))
+    assert backend.graphs == 1
 
 
 @RunIf(min_torch="2.6")
