@@ -305,7 +305,11 @@ class _CompileConnector:
             # [/ladder]
             return
         # no wrapper (one device, or a stage without one): the strategy calls the step methods directly
-        from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
+        # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
+        # [ladder use_compile]
+        # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which would leave `_compile_kwargs` on the module
+        from_compiled(cast(OptimizedModule, inspect.unwrap(torch.compile)(module, **kwargs)))
+        # [/ladder]
         self.defer(to_uncompiled, module)
         # [ladder features]
         assert module._compiler_ctx is not None
