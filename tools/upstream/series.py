@@ -183,8 +183,8 @@ _FIXED_REDIRECTION = (
 )
 _FIXED_FROM_COMPILED = "- Fixed `from_compiled` raising for a LightningModule with a step set to `None`"
 _FIXED_TO_UNCOMPILED = (
-    "- Fixed `to_uncompiled` leaving the step methods behind as instance attributes, so that a method patched on the"
-    " class later was ignored, and each step kept the module alive through a reference cycle"
+    "- Fixed `to_uncompiled` leaving bound copies of the step methods on the instance, so that a method patched on the"
+    " class later was ignored: it restores the model's own methods"
 )
 
 _FIXED_FABRIC_CAPTURE = (
@@ -264,11 +264,10 @@ passed to the Trainer compiled. It now compiles only the steps that are callable
 FIX_TO_UNCOMPILED = Patch(
     subject="Fix `to_uncompiled` leaving the step methods behind on the instance",
     body="""\
-`to_uncompiled` put each original step back as an instance attribute holding a bound method: a
-reference cycle (module -> bound method -> module) that keeps the module alive until the cycle
-collector runs, and a method patched on the class later (a test's `monkeypatch`, a mixin set up
-after the run) was ignored by that instance. A step that is the class's own method is now
-removed from the instance instead. (`_ForwardRedirection` leaves `forward` as an instance-bound
+`to_uncompiled` put each original step back as an instance attribute holding a bound method, so
+a method patched on the class later (a test's `monkeypatch`, a mixin set up after the run) was
+ignored by that instance. A step that is the class's own method is now removed from the instance
+instead, which restores the model's own methods. (`_ForwardRedirection` leaves `forward` as an instance-bound
 method in the same way; that predates this and is left for a patch of its own.)""",
     modules=(),
     tests=("tests_pytorch/utilities/test_compile_to_uncompiled.py",),

@@ -13,8 +13,10 @@
 # limitations under the License.
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.strategies.ddp import _DDPForwardRedirection
 from lightning.pytorch.strategies.strategy import _ForwardRedirection
 
 
@@ -47,3 +49,25 @@ def test_forward_redirection_restores_forward_when_the_call_raises():
     torch.testing.assert_close(output, model.layer(batch))
     assert getattr(model.forward, "__func__", None) is BoringModel.forward
     assert redirection.outer_calls == 1
+
+
+class _RaisingDDP(DistributedDataParallel):
+    """A DDP-typed wrapper, with no process group, whose forward raises after the step ran."""
+
+    def __init__(self, module):
+        torch.nn.Module.__init__(self)
+        self.module = module
+        self.require_backward_grad_sync = True
+
+    def forward(self, *args):
+        self.module(*args)  # the redirected forward: the step, then `on_after_inner_forward`
+        raise RuntimeError("the wrapper failed")
+
+
+def test_ddp_gradient_sync_is_turned_back_on_when_the_call_raises_under_manual_optimization():
+    model = BoringModel()
+    model.automatic_optimization = False
+    wrapper = _RaisingDDP(model)
+    with pytest.raises(RuntimeError, match="the wrapper failed"):
+        _DDPForwardRedirection()(wrapper, model, "training_step", torch.randn(2, 32), 0)
+    assert wrapper.require_backward_grad_sync is True  # turned off for the step, on again after it
