@@ -276,12 +276,14 @@ method in the same way; that predates this and is left for a patch of its own.)"
 
 _FIXED_SPAWN = (
     '- Fixed `strategy="ddp_spawn"` failing to pickle a `torch.compile`-d model ("Can\'t pickle'
-    " BoringModel.forward: it's not the same object\"): the model is unwrapped before the processes are spawned"
+    " BoringModel.forward: it's not the same object\"), with PyTorch 2.6 and later: the model is unwrapped before the"
+    " processes are spawned"
 )
 _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, after the"
-    " strategy wraps it, so that DDP's and FSDP's wrapper runs compiled, as in Fabric; the LightningModule passed in is"
-    f" no longer left compiled after the run (its `_compiler_ctx` is `None`) {ISSUE}\n"
+    " strategy wraps it, so that the DDP or FSDP wrapper itself is compiled, as in Fabric (DDP's own forward is traced"
+    " from PyTorch 2.9); the LightningModule passed in is no longer left compiled after the run (its `_compiler_ctx` is"
+    f" `None`) {ISSUE}\n"
 )
 
 REAPPLY = Patch(
@@ -385,9 +387,10 @@ compiled as it was.""",
             COMPILE_DOCS,
             _LIMITATION_DDP,
             "* A compiled model passed to the Trainer is compiled again, with the same arguments, after the strategy"
-            " wraps it (see `Compiled again after the strategy wraps the model`_ above), so the forward of"
-            " :class:`~lightning.pytorch.strategies.DDPStrategy` and"
-            " :class:`~lightning.pytorch.strategies.FSDPStrategy` runs inside the compiled code.\n",
+            " wraps it (see `Compiled again after the strategy wraps the model`_ above): the wrapper of"
+            " :class:`~lightning.pytorch.strategies.DDPStrategy` or :class:`~lightning.pytorch.strategies.FSDPStrategy`"
+            " is compiled itself. From PyTorch 2.9, DDP's own forward is traced with the step, with graph breaks at its"
+            " C++ reducer calls.\n",
         ),
         Replace(
             COMPILE_TESTS,
