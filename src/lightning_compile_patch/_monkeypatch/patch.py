@@ -13,7 +13,8 @@ import hook: importing a flavour has side effects of its own (the last one impor
   that runs steps (the tuner's ``on_fit_start`` trials), where the upstream ``_run`` calls it; ``_teardown`` (called
   after the ``on_exception`` callbacks, on every path) uncompiles first.
 * Lightning's compile helpers that the connector reuses are replaced by their fixed versions (``lightning_fixes``),
-  which the upstream series puts in Lightning's own files.
+  which the upstream series puts in Lightning's own files. Fabric's capture of ``torch.compile``'s arguments is one:
+  ``torch.compile`` is wrapped again with the fixed capture, which keeps the backend itself rather than a copy.
 * The connector's ``defaults`` turn the package's features on for every ``use_compile`` (``feature_defaults``).
 
 """
