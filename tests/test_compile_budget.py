@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from helpers import QUIET, TORCH_2_13, CountingBackend, LoopedValidation, last_summary
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 TRIALS = 10
@@ -22,6 +22,13 @@ class Sized(BoringModel):
         super().__init__()
         hidden = [nn.Linear(32, 32) for _ in range(depth - 1)]
         self.layer = nn.Sequential(*hidden, nn.Linear(32, width), nn.Linear(width, 2))
+
+
+class OwnStep(Sized):
+    """A training step of the user's own: its code is the model class's, outside torch and Lightning."""
+
+    def training_step(self, batch, batch_idx):
+        return {"loss": self.layer(batch).sum()}
 
 
 def trial(strategy, width, depth, **kwargs):
@@ -42,15 +49,38 @@ def test_every_trial_of_a_sweep_compiles_every_step(strategy):
         assert summary.recompile_limit_hits == [], (number, summary)
 
 
+@pytest.mark.parametrize("model_class", [Sized, OwnStep])
 @pytest.mark.parametrize("strategy", ["auto", "ddp"])
-def test_a_sweep_of_compiled_models_passed_in_compiles_every_fit(strategy):
+def test_a_sweep_of_compiled_models_passed_in_compiles_every_fit(strategy, model_class):
     """Without `use_compile` (no feature, no summary): the core resets the code its runs crowded, at each run's end."""
     backend = CountingBackend(f"sweep-input-{strategy}")
     options = {**QUIET, "max_steps": 2, "limit_val_batches": 0}
     for number in range(TRIALS):
         calls = backend.calls
-        Trainer(strategy=strategy, **options).fit(torch.compile(Sized(8 + number, 1), backend=backend))
+        Trainer(strategy=strategy, **options).fit(torch.compile(model_class(8 + number, 1), backend=backend))
         assert backend.calls - calls >= 2, number  # each training step ran a compiled graph: 0 once the limit is hit
+
+
+@pytest.mark.parametrize("use_compile", [None, {"backend": "eager"}])
+def test_a_function_the_user_compiled_keeps_its_entries_through_a_fit(use_compile):
+    # bug: the reset at a run's end took any code the run grew past half of the recompile limit, so a function the
+    # user compiled and called during `fit` with 6 shapes compiled all 6 again afterwards
+    backend = CountingBackend("users-own-function")
+    double = torch.compile(lambda x: x * 2, backend=backend, dynamic=False)
+    shapes = range(1, 7)
+
+    class CallsIt(Callback):
+        def on_train_start(self, trainer, pl_module):
+            for n in shapes:
+                double(torch.ones(n))
+
+    model = Sized(8, 1) if use_compile else torch.compile(Sized(8, 1), backend="eager")
+    options = {**QUIET, "max_steps": 2, "limit_val_batches": 0}
+    Trainer(use_compile=use_compile, callbacks=CallsIt(), **options).fit(model)
+    assert backend.graphs == len(shapes)
+    for n in shapes:
+        double(torch.ones(n))
+    assert backend.graphs == len(shapes)  # no shape compiled again
 
 
 def test_the_runs_of_one_trainer_share_their_compiled_steps():

@@ -55,3 +55,28 @@ def test_records_of_a_worker_win_over_the_controllers(tmp_path: Path) -> None:
     assert run.load_records(tmp_path)["t::a"]["outcome"] == "passed"
     (tmp_path / "gw0-2.jsonl").write_text("")  # the worker crashed: the controller's record is all there is
     assert run.load_records(tmp_path)["t::a"]["outcome"] == "failed"
+
+
+def test_stock_where_failed_runs_stock_on_the_failures_alone_and_still_finds_a_new_one(tmp_path: Path) -> None:
+    # CI runs stock only where another mode failed (`--stock-where-failed`): a test that failed compiled and passes
+    # stock must still be a new failure, one that fails both must not, and what passed compiled needs no stock run
+    outcomes = {"new": "failed", "both": "error", "fine": "passed", "listed": "passed"}
+    (tmp_path / "records" / "compiled").mkdir(parents=True)
+    lines = [
+        f'{{"nodeid": "tests/t.py::{name}", "outcome": "{outcome}", "runs": []}}' for name, outcome in outcomes.items()
+    ]
+    (tmp_path / "records" / "compiled" / "gw0-1.jsonl").write_text("\n".join(lines) + "\n")
+    expected = {("compiled", "tests/t.py::listed"): "a reason", ("*", "tests/t.py::elsewhere"): "not in this selection"}
+    only = run.failed_elsewhere(tmp_path, ["stock", "compiled"], expected)
+    assert only == ["t.py::both", "t.py::listed", "t.py::new"]  # as pytest takes them, from tests/
+    stock = {n: record(n, "passed") for n in ("tests/t.py::new", "tests/t.py::listed")}
+    stock["tests/t.py::both"] = record("tests/t.py::both", "failed")
+    compiled = run.load_records(tmp_path / "records" / "compiled")
+    result = run.compare(stock, compiled, "compiled", expected, stock_where_failed=True)
+    assert result.new_failures == ["tests/t.py::new"]
+    assert result.fails_both == ["tests/t.py::both"]
+    assert result.stale == ["tests/t.py::listed"]
+    assert result.stock_not_run == ["tests/t.py::fine"]
+    assert result.missing == []
+    _, wrong = run.report({"stock": stock, "compiled": compiled}, {}, expected, "x", stock_where_failed=True)
+    assert wrong

@@ -17,9 +17,10 @@ import difflib  # [ladder use_compile]
 import functools  # [ladder features]
 import importlib  # [ladder features]
 import inspect  # [ladder use_compile]
-import os  # [ladder features]
+import os
 import pkgutil  # [ladder features]
-import types  # [ladder features]
+import re
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field  # [ladder features]
 from typing import Any, Callable, Optional, cast
@@ -272,6 +273,8 @@ class _CompileConnector:
         self.run_kwargs = _Frozen(dict(kwargs))
         # [/ladder]
         # [ladder !features] self.run_kwargs = given
+        # [ladder !features] self.defer(_crowded_code_reset(model))
+        self.defer(_crowded_code_reset(model), scope="run")  # [ladder features]
 
     def compile(self) -> None:
         """Compiles, in place, what the strategy calls in this stage, after the strategy has wrapped the model."""
@@ -285,8 +288,6 @@ class _CompileConnector:
         self.step_kwargs = _Frozen(kwargs)
         # [/ladder]
         # [ladder !features] kwargs = self.run_kwargs
-        # [ladder !features] self.defer(_crowded_code_reset())
-        self.defer(_crowded_code_reset(), scope="run")  # [ladder features]
         module, wrapper = self.trainer.lightning_module, self.trainer.strategy.model
         assert wrapper is not None
         if wrapper is not module and kwargs.get("fullgraph"):
@@ -420,19 +421,39 @@ class _CompileConnector:
     # [ladder !features]             stack.callback(step)
 
 
-def _crowded_code_reset() -> Callable[[], Any]:
-    """What resets, when the run ends, the code whose entries it grew past half of Dynamo's recompile limit.
+def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
+    """What resets, when the run ends, the shared code whose entries it grew past half of Dynamo's recompile limit.
 
-    Runs add entries of their own (a wrapper, shapes, a backend) to code every model shares (DDP's forward, the forward
-    redirection, a class's steps): a process that fits many models would reach the limit and run later fits eagerly.
+    Every run adds entries of its own (a wrapper, shapes, a backend) to code that runs share: torch's and Lightning's
+    (the module call, DDP's forward, the forward redirection) and the model's classes' (their steps, the functions
+    nested in them, and the code Dynamo resumes them with after a graph break). A process that fits many models would
+    reach the limit and run its later fits eagerly. Other code, such as a function the user compiled and called during
+    the run, keeps its entries.
 
     """
     eval_frame, config = torch._C._dynamo.eval_frame, torch._dynamo.config
     limit = getattr(config, "recompile_limit", None) or config.cache_size_limit
+    packages = tuple(os.path.dirname(package.__file__) + os.sep for package in (torch, pl))
+    # [ladder package]
+    # and the package's own: its fixes of Lightning's code run from there (the forward redirection)
+    packages += (os.path.dirname(__file__) + os.sep,)
+    # [/ladder]
+    own: set[types.CodeType] = set()  # the code of the model's classes, and of the functions nested in it
+    todo = [getattr(f, "__code__", None) for cls in type(model).__mro__ for f in vars(cls).values()]
+    while todo:
+        code = todo.pop()
+        if isinstance(code, types.CodeType) and code not in own:
+            own.add(code)
+            todo += code.co_consts
+    names = {(code.co_filename, code.co_name) for code in own}
 
-    def entries() -> dict[int, tuple[Any, int]]:
-        codes = (ref() for ref in input_codes.seen)
-        return {id(c): (c, len(eval_frame._debug_get_cache_entry_list(c))) for c in codes if c is not None}
+    def shared(code: types.CodeType) -> bool:
+        resumes = re.sub(r"^torch_dynamo_resume_in_(.+)_at_\d+$", r"\1", code.co_name)  # after a graph break
+        return code.co_filename.startswith(packages) or code in own or (code.co_filename, resumes) in names
+
+    def entries() -> dict[int, tuple[Any, int]]:  # of the shared code Dynamo has converted
+        codes = [ref() for ref in input_codes.seen]
+        return {id(c): (c, len(eval_frame._debug_get_cache_entry_list(c))) for c in codes if c and shared(c)}
 
     before = {key: n for key, (_, n) in entries().items()}
 

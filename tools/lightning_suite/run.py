@@ -108,6 +108,8 @@ class Comparison:
     expected: list[str] = field(default_factory=list)
     new_passes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    #: Passed or skipped in this mode, where stock ran only the tests that failed elsewhere (``--stock-where-failed``).
+    stock_not_run: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
 
@@ -146,12 +148,17 @@ def prepare_tree(source: Path, work: Path, flavour: str) -> Path:
     return tree
 
 
-def run_mode(name: str, tree: Path, work: Path, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
-    """Runs the selection in one mode; returns its exit code and seconds."""
+def run_mode(
+    name: str, tree: Path, work: Path, args: argparse.Namespace, extra: list[str], only: Optional[list[str]] = None
+) -> dict[str, Any]:
+    """Runs the selection in one mode (or only the tests ``only`` names); returns its exit code and seconds."""
     mode, value = MODES[name]
     records = work / "records" / name
     shutil.rmtree(records, ignore_errors=True)
     records.mkdir(parents=True)
+    if only is not None and not only:
+        print(f"[lightning_suite] {name}: no test to run", flush=True)
+        return {"exit": 0, "seconds": 0.0}
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])),
@@ -166,7 +173,7 @@ def run_mode(name: str, tree: Path, work: Path, args: argparse.Namespace, extra:
         env["LCP_SUITE_DYNAMO_RESET"] = "0"
     workers = ("-n", args.workers) if args.workers != "0" else ()
     timeout = (f"--timeout={args.timeout}",) if args.timeout else ()
-    selection = SELECTIONS.get(args.selection, tuple(args.selection.split(",")))
+    selection = SELECTIONS.get(args.selection, tuple(args.selection.split(","))) if only is None else tuple(only)
     command = [sys.executable, "-m", "pytest", *PYTEST_ARGS, *workers, *timeout, *extra, *selection]
     print(f"[lightning_suite] {name}: {' '.join(command)}", flush=True)
     start = time.monotonic()
@@ -208,11 +215,18 @@ def expected_reason(expected: dict[tuple[str, str], str], mode: str, nodeid: str
 
 
 def compare(
-    base: dict[str, dict], other: dict[str, dict], mode: str, expected: dict[tuple[str, str], str]
+    base: dict[str, dict],
+    other: dict[str, dict],
+    mode: str,
+    expected: dict[tuple[str, str], str],
+    stock_where_failed: bool = False,
 ) -> Comparison:
-    """Sorts the tests by their outcome in ``other`` against ``base`` (stock)."""
+    """Sorts the tests by their outcome in ``other`` against ``base`` (stock, or its run of ``failed_elsewhere``)."""
     result = Comparison()
     for nodeid in sorted(base.keys() | other.keys()):
+        if stock_where_failed and nodeid not in base and other[nodeid]["outcome"] not in FAILED:
+            result.stock_not_run.append(nodeid)
+            continue
         if nodeid not in base or nodeid not in other:
             result.missing.append(nodeid)
             continue
@@ -232,6 +246,20 @@ def compare(
         else:
             result.skipped.append(nodeid)
     return result
+
+
+def failed_elsewhere(work: Path, names: list[str], expected: dict[tuple[str, str], str]) -> list[str]:
+    """The tests that failed in a mode other than stock, or that ``expected_failures.txt`` lists for one it ran.
+
+    Only these need stock's outcome: a test that passed compiled is no new failure, whatever stock does.
+
+    """
+    ran = {name: load_records(work / "records" / name) for name in names if name != "stock"}
+    ids = {nodeid for tests in ran.values() for nodeid, record in tests.items() if record["outcome"] in FAILED}
+    for mode, nodeid in expected:
+        if any(nodeid in tests for name, tests in ran.items() if mode in (name, "*")):
+            ids.add(nodeid)
+    return sorted(nodeid.removeprefix("tests/") for nodeid in ids)  # pytest runs in tests/, the ids are from its parent
 
 
 def cell(text: Any) -> str:
@@ -314,6 +342,7 @@ def report(
     expected: dict[tuple[str, str], str],
     title: str,
     limit: Optional[int] = 25,
+    stock_where_failed: bool = False,
 ) -> tuple[str, bool]:
     """The markdown table, and whether it shows something wrong (an unexpected new failure, a stale expectation)."""
     lines = [f"# {title}", "", "| mode | use_compile | tests | passed | failed | error | skipped | exit | seconds |"]
@@ -327,12 +356,14 @@ def report(
             f" | {counts['skipped']} | {timing.get('exit', '-')} | {timing.get('seconds', 0):.0f} |"
         )
     lines.append("")
+    if stock_where_failed:
+        lines += ["`stock` ran only the tests that failed in another mode, or are listed as expected to.", ""]
     wrong = any(timing["exit"] not in (0, 1) for timing in timings.values())
     base = results.get("stock")
     for name, tests in results.items():
         if name == "stock" or base is None:
             continue
-        result = compare(base, tests, name, expected)
+        result = compare(base, tests, name, expected, stock_where_failed)
         wrong |= bool(result.new_failures or result.stale)
         lines += [f"## `{name}` vs `stock`", "", "| | tests |", "|---|---|"]
         for label, group in (
@@ -342,6 +373,7 @@ def report(
             ("new failure, expected", result.expected),
             ("new pass", result.new_passes),
             ("skipped (either)", result.skipped),
+            *([("passed or skipped, stock not run", result.stock_not_run)] if stock_where_failed else []),
             ("ran in one mode only", result.missing),
             ("**listed as expected but did not newly fail**", result.stale),
         ):
@@ -391,6 +423,11 @@ def main() -> int:
     parser.add_argument("--expected", type=Path, default=EXPECTED)
     parser.add_argument("--table", type=Path, help="also write the table here (default: OUT/table.md only)")
     parser.add_argument("--report-only", action="store_true", help="tabulate the records already in --out")
+    parser.add_argument(
+        "--stock-where-failed",
+        action="store_true",
+        help="run stock last, on the tests that failed in another mode (or are listed as expected to) only",
+    )
     args, extra = parser.parse_known_args()
     extra = [arg for arg in extra if arg != "--"]
     names = []
@@ -409,16 +446,20 @@ def main() -> int:
         spec = importlib.util.find_spec("lightning_compile_patch")
         print(f"[lightning_suite] lightning_compile_patch: {spec.origin if spec else 'not installed'}", flush=True)
         tree = prepare_tree(args.tests.resolve(), work, args.flavour)
-        for name in names:
-            timings[name] = run_mode(name, tree, work, args, extra)
+        expected = load_expected(args.expected)
+        last = ["stock"] if args.stock_where_failed and "stock" in names else []
+        for name in [*(n for n in names if n not in last), *last]:
+            only = failed_elsewhere(work, names, expected) if name in last else None
+            timings[name] = run_mode(name, tree, work, args, extra, only)
             timings_path.write_text(json.dumps(timings, indent=1))
     results = {name: load_records(work / "records" / name) for name in names}
     title = f"Lightning's tests ({args.selection}, {args.flavour}, target {args.target})"
     timings = {name: timings[name] for name in names if name in timings}
     expected = load_expected(args.expected)
-    table, wrong = report(results, timings, expected, title)
+    table, wrong = report(results, timings, expected, title, stock_where_failed=args.stock_where_failed)
     (work / "table.md").write_text(table)
-    (work / "table-full.md").write_text(report(results, timings, expected, title, limit=None)[0])
+    full = report(results, timings, expected, title, limit=None, stock_where_failed=args.stock_where_failed)[0]
+    (work / "table-full.md").write_text(full)
     if args.table:
         args.table.parent.mkdir(parents=True, exist_ok=True)
         args.table.write_text(table)

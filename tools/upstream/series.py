@@ -312,11 +312,13 @@ that compiles after the wrap, here as in `Fabric.setup`: on master its steps com
 
 A run adds compiled entries of its own (its wrapper, its shapes, its backend) to code that
 every model shares: DDP's forward, the forward redirection's `wrapped_forward`, the step
-methods of a class. At the end of each run, code whose entries the run grew past half of
-Dynamo's recompile limit is reset (`reset_code`), so that a process that fits many models (a
-sweep, a notebook) compiles every fit: without it, the 9th DDP fit of a model of another width
-ran wholly uncompiled, where master ran the step eagerly and its `forward` compiled. Repeated
-runs of one configuration keep and reuse their entries.
+methods of a class. At the end of each run, that shared code (torch's, Lightning's, and the
+code of the model's own classes), where the run grew its entries past half of Dynamo's
+recompile limit, is reset (`reset_code`), so that a process that fits many models (a sweep, a
+notebook) compiles every fit: without it, the 9th DDP fit of a model of another width ran
+wholly uncompiled, where master ran the step eagerly and its `forward` compiled. Repeated runs
+of one configuration keep and reuse their entries, and so does any other code: a function the
+user compiled and called during `fit` with many shapes keeps what it compiled.
 
 What it buys, and on which torch: Fabric's behaviour, and PyTorch's advice to compile the
 wrapped module. From torch 2.9 (tested; 2.7 and 2.8 not run) DDP's forward pre-hooks and its
