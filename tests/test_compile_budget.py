@@ -52,7 +52,7 @@ def test_every_trial_of_a_sweep_compiles_every_step(strategy):
 @pytest.mark.parametrize("model_class", [Sized, OwnStep])
 @pytest.mark.parametrize("strategy", ["auto", "ddp"])
 def test_a_sweep_of_compiled_models_passed_in_compiles_every_fit(strategy, model_class):
-    """Without `use_compile` (no feature, no summary): the core resets the code its runs crowded, at each run's end."""
+    """Without `use_compile` (no feature, no summary): the seam resets the code its runs crowded, at each run's end."""
     backend = CountingBackend(f"sweep-input-{strategy}")
     options = {**QUIET, "max_steps": 2, "limit_val_batches": 0}
     for number in range(TRIALS):

@@ -66,12 +66,13 @@ def _src_lines_added(patch_file: Path) -> int:
     )
 
 
-@pytest.mark.parametrize(("subject", "most"), [("REAPPLY", 180), ("USE_COMPILE", 110)])
+@pytest.mark.parametrize(("subject", "most"), [("REAPPLY", 160), ("USE_COMPILE", 110)])
 def test_the_rungs_a_maintainer_would_merge_stay_small(subject, most):
-    # Fabric's re-apply (#19280) was 94 src lines; the re-apply adds its connector (about 95 lines with docstrings,
+    # Fabric's re-apply (#19280) was 94 src lines; the re-apply adds its connector (about 75 lines with docstrings,
     # 13 of license), the Trainer's calls, the strategy check, the fix of Fabric's capture of the backend, and the reset
-    # of the shared code its runs crowded (a process that fits many models would otherwise reach the recompile limit;
-    # about 30 lines, half of them telling torch's, Lightning's and the model's code from a function of the user's)
+    # of the forward redirection's entries (each DDP fit adds one; without it, the 9th DDP fit of a process ran with no
+    # compiled code, where master compiled every fit): 155. The reset of any other code a process's runs crowded is
+    # the seam's (0006, fork-only), as two reviews asked
     for base_name in series.BASES:
         number = [patch.subject for patch in series.series(base_name)].index(getattr(series, subject).subject) + 1
         [patch_file] = patchset.series_dir(base_name).glob(f"{number:04d}-*.patch")

@@ -2,9 +2,9 @@
 
 ``compile_features/_torch_surface.py`` holds each private torch name (and DDP's private attributes) that a feature
 needs, behind a function or constant named for what the feature does with it. These tests call each entry the way the
-features do, on the torch they run on: CI runs this file on 2.13.0 (``tests``), 2.6.0 and 2.14.1 (``tests_torch``), and
-``tests/test_patchset.py`` checks that the module goes upstream with the seam. A new entry without a test here, or a
-private name reached outside the module, fails ``test_every_entry_is_exercised`` or
+features do, on the torch they run on: CI runs this file on 2.13.0 (``tests``) and 2.6.0 (``tests_torch``), 2.14.1 and
+2.9.1 run by hand, and ``tests/test_patchset.py`` checks that the module goes upstream with the seam. A new entry
+without a test here, or a private name reached outside the module, fails ``test_every_entry_is_exercised`` or
 ``test_no_feature_reaches_a_private_torch_name_but_through_the_surface``.
 """
 
@@ -36,15 +36,11 @@ TORCH_2_6 = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2,
 
 #: Private names of torch outside the surface module, by file: Lightning's own `utilities/compile.py` imports
 #: `OptimizedModule` from `torch._dynamo` (there is no public name for the class `torch.compile` returns); the core
-#: (rung 0004, which applies without the seam and its surface) resets the code its runs crowded, as the surface does.
+#: (rung 0004, which applies without the seam and its surface) resets the entries its runs add to Lightning's forward
+#: redirection, as the surface does.
 ALLOWED_OUTSIDE = {
     "lightning_fixes.py": {"torch._dynamo.OptimizedModule"},
-    "compile_connector.py": {
-        "torch._dynamo.OptimizedModule",
-        "torch._dynamo.convert_frame.input_codes",
-        "torch._dynamo.config",
-        "torch._C._dynamo.eval_frame",
-    },
+    "compile_connector.py": {"torch._dynamo.OptimizedModule", "torch._dynamo.config", "torch._C._dynamo.eval_frame"},
 }
 #: DDP's private attributes, which only the surface reads.
 DDP_PRIVATE = ("_use_python_reducer", "_accum_grad_hooks", "_check_sync_bufs_pre_fwd", "_check_sync_bufs_post_fwd")

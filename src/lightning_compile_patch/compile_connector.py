@@ -17,9 +17,9 @@ import difflib  # [ladder use_compile]
 import functools  # [ladder features]
 import importlib  # [ladder features]
 import inspect  # [ladder use_compile]
-import os
+import os  # [ladder features]
 import pkgutil  # [ladder features]
-import re
+import re  # [ladder features]
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field  # [ladder features]
@@ -29,13 +29,14 @@ from typing import Union  # [ladder use_compile]
 
 import torch
 from torch._dynamo import OptimizedModule
-from torch._dynamo.convert_frame import input_codes
 
 import lightning.pytorch as pl
 import lightning_compile_patch.compile_features as compile_features  # [ladder features]
+from lightning_compile_patch.compile_features import _torch_surface as surface  # [ladder features]
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.strategies import ModelParallelStrategy  # [ladder features]
+from lightning.pytorch.strategies.strategy import _ForwardRedirection
 from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
 from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -273,7 +274,6 @@ class _CompileConnector:
         self.run_kwargs = _Frozen(dict(kwargs))
         # [/ladder]
         # [ladder !features] self.run_kwargs = given
-        # [ladder !features] self.defer(_crowded_code_reset(model))
         self.defer(_crowded_code_reset(model), scope="run")  # [ladder features]
 
     def compile(self) -> None:
@@ -299,6 +299,7 @@ class _CompileConnector:
             wrapper.compile(**kwargs)
             # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
             self.defer(wrapper.__dict__.pop, "_compiled_call_impl", None)
+            self.defer(_redirection_reset())
             # [ladder features]
             compiled = wrapper._compiled_call_impl
             assert compiled is not None
@@ -421,6 +422,27 @@ class _CompileConnector:
     # [ladder !features]             stack.callback(step)
 
 
+def _redirection_reset() -> Callable[[], None]:
+    """What drops, when the run ends, the entries of Lightning's forward redirection past half of the recompile limit.
+
+    Each run's wrapper is a new object, which Dynamo guards on in the redirection's ``wrapped_forward``, code that every
+    run shares: a process that fits many models under DDP would reach Dynamo's recompile limit there, and run its later
+    fits without compiled code. Repeated runs of one model keep their entries.
+
+    """
+    eval_frame, config = torch._C._dynamo.eval_frame, torch._dynamo.config
+    limit = getattr(config, "recompile_limit", None) or config.cache_size_limit
+    nested = _ForwardRedirection.__call__.__code__.co_consts
+    [code] = [c for c in nested if isinstance(c, types.CodeType) and c.co_name == "wrapped_forward"]
+
+    def reset() -> None:
+        if len(eval_frame._debug_get_cache_entry_list(code)) > limit // 2:
+            eval_frame.reset_code(code)  # its entries, its recompile count and its "skip" mark
+
+    return reset
+
+
+# [ladder features]
 def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
     """What resets, when the run ends, the shared code whose entries it grew past half of Dynamo's recompile limit.
 
@@ -428,11 +450,11 @@ def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
     (the module call, DDP's forward, the forward redirection) and the model's classes' (their steps, the functions
     nested in them, and the code Dynamo resumes them with after a graph break). A process that fits many models would
     reach the limit and run its later fits eagerly. Other code, such as a function the user compiled and called during
-    the run, keeps its entries.
+    the run, keeps its entries. (Lightning's own re-apply leaves this to the user, as Fabric does:
+    ``torch.compiler.reset()`` between fits.)
 
     """
-    eval_frame, config = torch._C._dynamo.eval_frame, torch._dynamo.config
-    limit = getattr(config, "recompile_limit", None) or config.cache_size_limit
+    limit = surface.recompile_limit()
     packages = tuple(os.path.dirname(package.__file__) + os.sep for package in (torch, pl))
     # [ladder package]
     # and the package's own: its fixes of Lightning's code run from there (the forward redirection)
@@ -452,20 +474,19 @@ def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
         return code.co_filename.startswith(packages) or code in own or (code.co_filename, resumes) in names
 
     def entries() -> dict[int, tuple[Any, int]]:  # of the shared code Dynamo has converted
-        codes = [ref() for ref in input_codes.seen]
-        return {id(c): (c, len(eval_frame._debug_get_cache_entry_list(c))) for c in codes if c and shared(c)}
+        codes = [ref() for ref in surface.converted_codes()]
+        return {id(c): (c, surface.cache_entries(c)) for c in codes if c and shared(c)}
 
     before = {key: n for key, (_, n) in entries().items()}
 
     def reset() -> None:
         for key, (code, n) in entries().items():
             if n > max(before.get(key, 0), limit // 2):
-                eval_frame.reset_code(code)  # its entries, its recompile count and its "skip" mark
+                surface.reset_code(code)  # its entries, its recompile count and its "skip" mark
 
     return reset
 
 
-# [ladder features]
 @functools.cache
 def _feature_classes() -> tuple[type[_CompileFeature], ...]:
     """The ``FEATURE`` of every module in ``compile_features``, by name: imported on first use."""

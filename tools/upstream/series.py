@@ -310,15 +310,14 @@ Fabric's capture of the `torch.compile` arguments keeps the backend itself rathe
 copy, so that a backend object that counts graphs or holds state (a `CompileCounter`) is the one
 that compiles after the wrap, here as in `Fabric.setup`: on master its steps compiled with it.
 
-A run adds compiled entries of its own (its wrapper, its shapes, its backend) to code that
-every model shares: DDP's forward, the forward redirection's `wrapped_forward`, the step
-methods of a class. At the end of each run, that shared code (torch's, Lightning's, and the
-code of the model's own classes), where the run grew its entries past half of Dynamo's
-recompile limit, is reset (`reset_code`), so that a process that fits many models (a sweep, a
-notebook) compiles every fit: without it, the 9th DDP fit of a model of another width ran
-wholly uncompiled, where master ran the step eagerly and its `forward` compiled. Repeated runs
-of one configuration keep and reuse their entries, and so does any other code: a function the
-user compiled and called during `fit` with many shapes keeps what it compiled.
+Dynamo guards on each run's new wrapper in the forward redirection's `wrapped_forward`, code that
+every run shares, and counts its recompile limit per code object for the whole process: without
+a reset, the 9th DDP fit of a process ran with no compiled code, where master compiled every fit.
+So when a run ends, `wrapped_forward`'s entries are dropped (`reset_code`) if the run grew them
+past half of the limit, and no other code is touched: repeated runs of one model keep theirs, and
+a function the user compiled keeps all of its own. Other code that a process's many models of
+other shapes share (the step methods of one class) reaches the limit as on master, and the docs
+say to call `torch.compiler.reset()` between such fits.
 
 What it buys, and on which torch: Fabric's behaviour, and PyTorch's advice to compile the
 wrapped module. From torch 2.9 (tested; 2.7 and 2.8 not run) DDP's forward pre-hooks and its
@@ -525,7 +524,12 @@ per-code resets, compiled autograd's switch, DDP's python reducer) are reached o
 `compile_features/_torch_surface.py`, each with the torch versions it is read on, so that a torch
 release that moves one changes one line. With `use_compile` set, `ModelParallelStrategy` is
 accepted too (the later patches that compile under it check what they compile); a compiled
-model passed in without `use_compile` is checked as before. This patch adds no feature.""",
+model passed in without `use_compile` is checked as before. And at the end of every run that
+compiled, the code that runs share (torch's, Lightning's, the model's classes') whose entries the
+run grew past half of Dynamo's recompile limit is reset, so that a process that fits many models
+compiles every fit without `torch.compiler.reset()`; a function the user compiled keeps its
+entries (a compiled torch module or a compiled method of the model called with many shapes
+during the run does not: it compiles again after it). This patch adds no feature.""",
     modules=("compile_features", "compile_connector", "compile_features._torch_surface"),
     layers=("features",),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),

@@ -25,3 +25,16 @@ def test_to_uncompiled_leaves_no_step_method_on_the_instance(monkeypatch):
     assert "training_step" not in vars(model)
     monkeypatch.setattr(BoringModel, "test_step", lambda self, *args: "patched on the class")
     assert model.test_step() == "patched on the class"  # no bound method of the class's old one left on the instance
+
+
+@RunIf(dynamo=True)
+def test_to_uncompiled_restores_a_step_set_on_the_instance():
+    model = BoringModel()
+
+    def own_step(*args):
+        return "set on the instance"
+
+    model.validation_step = own_step
+    to_uncompiled(from_compiled(torch.compile(model, backend="eager")))
+    assert model.validation_step is own_step
+    assert "training_step" not in vars(model)
