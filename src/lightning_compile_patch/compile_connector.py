@@ -455,7 +455,7 @@ def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
 
     """
     limit = surface.recompile_limit()
-    packages = tuple(os.path.dirname(package.__file__) + os.sep for package in (torch, pl))
+    packages = tuple(package.__path__[0] + os.sep for package in (torch, pl))  # their folders
     # [ladder package]
     # and the package's own: its fixes of Lightning's code run from there (the forward redirection)
     packages += (os.path.dirname(__file__) + os.sep,)
