@@ -442,11 +442,11 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     timings_path = work / "timings.json"
     timings: dict[str, dict] = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+    expected = load_expected(args.expected)
     if not args.report_only:
         spec = importlib.util.find_spec("lightning_compile_patch")
         print(f"[lightning_suite] lightning_compile_patch: {spec.origin if spec else 'not installed'}", flush=True)
         tree = prepare_tree(args.tests.resolve(), work, args.flavour)
-        expected = load_expected(args.expected)
         last = ["stock"] if args.stock_where_failed and "stock" in names else []
         for name in [*(n for n in names if n not in last), *last]:
             only = failed_elsewhere(work, names, expected) if name in last else None
@@ -455,7 +455,6 @@ def main() -> int:
     results = {name: load_records(work / "records" / name) for name in names}
     title = f"Lightning's tests ({args.selection}, {args.flavour}, target {args.target})"
     timings = {name: timings[name] for name in names if name in timings}
-    expected = load_expected(args.expected)
     table, wrong = report(results, timings, expected, title, stock_where_failed=args.stock_where_failed)
     (work / "table.md").write_text(table)
     full = report(results, timings, expected, title, limit=None, stock_where_failed=args.stock_where_failed)[0]
