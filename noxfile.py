@@ -32,6 +32,20 @@ KEEP_ENVS = os.environ.get("LCP_KEEP_ENVS") == "1"
 LIGHTNING_MASTER = os.environ.get(
     "LCP_LIGHTNING_MASTER", str(ROOT.parent / "shared" / "lightning-tests" / "lightning-master-7f0c3436cd.tar.gz")
 )
+#: Lightning 2.6.5's tests (those of 2.6.6): their archive, or a clone at the tag (`tools/lightning_suite/run.py`).
+LIGHTNING_TESTS = os.environ.get(
+    "LCP_LIGHTNING_TESTS", str(ROOT.parent / "shared" / "lightning-tests" / "lightning-2.6.5-tests.tar.gz")
+)
+
+
+def require_lightning_sources(session: nox.Session, path: str, variable: str) -> None:
+    """Fails before installing anything when Lightning's sources that a session reads are not where it looks."""
+    if not Path(path).exists():
+        session.error(
+            f"{path} does not exist. Lightning's sources are read from `../shared/lightning-tests/` beside this clone:"
+            f" clone the project beside `shared/` (as CI does), or set {variable} to the archive, or to a clone of"
+            " Lightning at that commit."
+        )
 
 
 #: The torch versions the behaviour suite also runs on, besides 2.13.0: the oldest supported, Lightning's CI torch, the
@@ -208,6 +222,7 @@ def parity(session: nox.Session) -> None:
     Also checks patches/ against the package (drift), runs the series' own upstream-style tests, and each rung a
     maintainer would merge against Lightning master and two mutants (`tools/upstream/rung_tests.py`).
     """
+    require_lightning_sources(session, LIGHTNING_MASTER, "LCP_LIGHTNING_MASTER")
     session.install(TORCH)
     session.install(LIGHTNING[0], "pytest>=8", "pytest-xdist>=3.5", "pytest-timeout", "hypothesis", "pyyaml")
     session.install("jsonargparse[signatures]>=4.39")
@@ -271,6 +286,7 @@ def lightning_suite(session: nox.Session) -> None:
     clone of Lightning at 2.6.5). Options after `--` go to `tools/lightning_suite/run.py`: `--selection full`,
     `--modes stock,compiled,regions`, `--flavour pytorch_lightning`, ...
     """
+    require_lightning_sources(session, LIGHTNING_TESTS, "LCP_LIGHTNING_TESTS")
     install(session)
     constraints = Path(session.virtualenv.location) / "constraints.txt"
     session.install("-c", str(constraints), *LIGHTNING_TEST_REQUIREMENTS)

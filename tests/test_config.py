@@ -205,7 +205,7 @@ def test_deepspeed_is_rejected():
 
     strategy = object.__new__(DeepSpeedStrategy)  # constructing it needs deepspeed, which this suite does not install
     with pytest.raises(RuntimeError, match="incompatible with the current strategy: `DeepSpeedStrategy`"):
-        connector_module()._verify_strategy_supports_compile(None, strategy)
+        connector_module()._verify_strategy_can_compile(strategy)
 
 
 FIT = {**QUIET, "max_steps": 2, "limit_val_batches": 0}

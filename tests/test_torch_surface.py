@@ -36,8 +36,8 @@ TORCH_2_6 = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2,
 
 #: Private names of torch outside the surface module, by file: Lightning's own `utilities/compile.py` imports
 #: `OptimizedModule` from `torch._dynamo` (there is no public name for the class `torch.compile` returns); the core
-#: (rung 0004, which applies without the seam and its surface) resets the entries its runs add to Lightning's forward
-#: redirection, as the surface does.
+#: (the re-apply rung, 0005, which applies without the seam and its surface) resets the entries its runs add to
+#: Lightning's forward redirection, as the surface does.
 ALLOWED_OUTSIDE = {
     "lightning_fixes.py": {"torch._dynamo.OptimizedModule"},
     "compile_connector.py": {"torch._dynamo.OptimizedModule", "torch._dynamo.config", "torch._C._dynamo.eval_frame"},

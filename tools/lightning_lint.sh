@@ -1,6 +1,6 @@
 #!/bin/bash
 # Lightning's lint and mypy on the files each master rung adds or changes, with Lightning's own pyproject.toml:
-# 0001-0006 one on another, then each fork rung alone on 0006. Prints one line per rung ("clean", or the findings),
+# the core (0001 to the seam, 0007) one on another, then each fork rung alone on the seam. Prints one line per rung ("clean", or the findings),
 # then mypy's errors that stock master does not have.
 #
 #   LINT_BIN=DIR  a bin/ with ruff 0.15.9, codespell 2.4.2, docformatter 1.7.7, sphinx-lint 1.0.2, mypy 1.20.0 and the
@@ -12,6 +12,7 @@ BASE=${1:?an extracted Lightning master tree}
 L=${LINT_BIN:?set LINT_BIN to a bin folder with the lint tools of Lightning CI}
 PYX=${MYPY_PYTHON:-}
 P=$(cd "$(dirname "$0")/.." && pwd)/patches/lightning-master
+SEAM=0007  # the last patch of the core: the fork rungs each apply on it alone
 WORK=$(mktemp -d)
 cp -r "$BASE" "$WORK/tree" && cd "$WORK/tree" && git init -q && git add -A && git -c user.email=x@y -c user.name=x commit -qm base
 lint() {
@@ -33,15 +34,16 @@ lint() {
   fi
 }
 [ -n "$PYX" ] && lint stock HEAD >/dev/null
-for p in "$P"/000[1-6]*.patch; do
+for p in "$P"/00[0-9][0-9]*.patch; do
+  [ "$(basename "$p" | cut -c1-4)" \> "$SEAM" ] && break
   prev=$(git rev-parse HEAD); git -c user.email=x@y -c user.name=x am -q "$p" || { echo "FAILED to apply $p"; exit 1; }
   lint "$(basename "$p" | cut -c1-4)" "$prev"
 done
 CORE=$(git rev-parse HEAD)
 for p in "$P"/00[0-9][0-9]*.patch; do
-  n=$(basename "$p" | cut -c1-4); [ "$n" \< "0007" ] && continue
+  n=$(basename "$p" | cut -c1-4); [ "$n" \> "$SEAM" ] || continue
   git checkout -q "$CORE"
-  git -c user.email=x@y -c user.name=x am -q "$p" || { echo "$n: does not apply on 0006"; git am --abort; continue; }
+  git -c user.email=x@y -c user.name=x am -q "$p" || { echo "$n: does not apply on $SEAM"; git am --abort; continue; }
   lint "$n" "$CORE"
 done
 rm -rf "$WORK"

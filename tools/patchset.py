@@ -132,8 +132,12 @@ def _def_span(tree: ast.Module, name: str, cls: str | None) -> tuple[int, int]:
 def fixed_source(edit: ReplaceDef, layers: set[str]) -> str:
     """The fixed version of a Lightning function, from the package's ``lightning_fixes``, with ``layers``."""
     source = (PACKAGE_DIR / "lightning_fixes.py").read_text()
-    first, last = _def_span(ast.parse(source), edit.name, edit.cls)
-    return render("".join(source.splitlines(keepends=True)[first - 1 : last]), layers)
+    tree, lines = ast.parse(source), source.splitlines(keepends=True)
+    defs = []
+    for name in (edit.name, *edit.then):
+        first, last = _def_span(tree, name, edit.cls)
+        defs.append(render("".join(lines[first - 1 : last]), layers))
+    return "\n\n".join(defs)
 
 
 def apply_edit(content: str, edit: Replace | InsertAfter | ReplaceDef, layers: set[str]) -> str:

@@ -38,7 +38,7 @@ from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.strategies import ModelParallelStrategy  # [ladder features]
 from lightning.pytorch.strategies.strategy import _ForwardRedirection
 from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
-from lightning.pytorch.utilities.compile import _verify_strategy_supports_compile, from_compiled, to_uncompiled
+from lightning.pytorch.utilities.compile import _verify_strategy_can_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 _USE_COMPILE = Optional[Union[bool, dict[str, Any]]]  # [ladder use_compile]
@@ -209,7 +209,7 @@ class _CompileConnector:
         # [ladder !features] if self.enabled:
         if self.enabled and not isinstance(self.trainer.strategy, ModelParallelStrategy):  # [ladder features]
             # (`ModelParallelStrategy` runs what `use_compile` compiles in `configure_model`)  # [ladder features]
-            _verify_strategy_supports_compile(None, self.trainer.strategy)
+            _verify_strategy_can_compile(self.trainer.strategy)
         for feature in self.features:  # [ladder features]
             feature.verify(self)  # [ladder features]
 
@@ -233,7 +233,7 @@ class _CompileConnector:
             )
             return model._orig_mod
         # [/ladder]
-        _verify_strategy_supports_compile(None, self.trainer.strategy)  # where Lightning checks a compiled model
+        _verify_strategy_can_compile(self.trainer.strategy)  # where Lightning checks a compiled model
         if getattr(model, "_compile_kwargs", None) is None:
             rank_zero_warn(
                 "The model was compiled before `lightning` was imported, so its `torch.compile` arguments are unknown"
@@ -244,7 +244,8 @@ class _CompileConnector:
         self._input_kwargs = dict(compile_kwargs or {})
         return module
 
-    def on_run_start(self, model: "pl.LightningModule") -> None:
+    # [ladder !use_compile] def on_run_start(self) -> None:
+    def on_run_start(self, model: "pl.LightningModule") -> None:  # [ladder use_compile]
         """Decides what this run compiles, before the strategy sets the model up."""
         # [ladder !use_compile] given = self._input_kwargs
         # [ladder !features use_compile] given = self.compile_kwargs if self.enabled else self._input_kwargs

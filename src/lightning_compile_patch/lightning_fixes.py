@@ -14,14 +14,14 @@ at import (:func:`install`), so both deliveries run the same code.
 * ``_capture_compile_kwargs`` (Fabric's) kept a deep copy of the ``torch.compile`` arguments, backend included, so the
   model compiled again after the wrap (by Fabric, and by the Trainer) compiled with a copy of a backend object: one that
   counts graphs or holds state saw none. It now keeps the backend itself.
-* ``_verify_strategy_supports_compile`` can also check a strategy for a model that is yet to be compiled
-  (``model=None``).
+* ``_verify_strategy_supports_compile`` checked the strategy only for a model compiled already; its check is now
+  ``_verify_strategy_can_compile`` of its own, which the Trainer also calls for a model it is to compile.
 
 """
 
 from copy import deepcopy
 from functools import wraps
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Union
 
 import torch
 from torch import nn
@@ -115,20 +115,24 @@ def to_uncompiled(model: Union["pl.LightningModule", "torch._dynamo.OptimizedMod
     return original
 
 
-def _verify_strategy_supports_compile(model: Optional["pl.LightningModule"], strategy: Strategy) -> None:
-    """Raises if ``model`` is compiled, or is to be compiled (``None``), and ``strategy`` cannot run it compiled."""
-    if model is None or model._compiler_ctx is not None:
-        supported_strategies: tuple[type[Strategy], ...] = (SingleDeviceStrategy, DDPStrategy, FSDPStrategy)
-        if not isinstance(strategy, supported_strategies) or isinstance(strategy, DeepSpeedStrategy):
-            supported_strategy_names = ", ".join(s.__name__ for s in supported_strategies)
-            raise RuntimeError(
-                f"Using a compiled model is incompatible with the current strategy: `{type(strategy).__name__}`."
-                f" Only {supported_strategy_names} support compilation. Either switch to one of the supported"
-                # [ladder !use_compile] " strategies or avoid passing in compiled model."
-                # [ladder use_compile]
-                " strategies, or do not pass a compiled model or set `Trainer(use_compile=...)`."
-                # [/ladder]
-            )
+def _verify_strategy_supports_compile(model: "pl.LightningModule", strategy: Strategy) -> None:
+    if model._compiler_ctx is not None:
+        _verify_strategy_can_compile(strategy)
+
+
+def _verify_strategy_can_compile(strategy: Strategy) -> None:
+    """Raises if ``strategy`` cannot run a compiled model: one compiled already, or one the Trainer is to compile."""
+    supported_strategies: tuple[type[Strategy], ...] = (SingleDeviceStrategy, DDPStrategy, FSDPStrategy)
+    if not isinstance(strategy, supported_strategies) or isinstance(strategy, DeepSpeedStrategy):
+        supported_strategy_names = ", ".join(s.__name__ for s in supported_strategies)
+        raise RuntimeError(
+            f"Using a compiled model is incompatible with the current strategy: `{type(strategy).__name__}`."
+            f" Only {supported_strategy_names} support compilation. Either switch to one of the supported"
+            # [ladder !use_compile] " strategies or avoid passing in compiled model."
+            # [ladder use_compile]
+            " strategies, or do not pass a compiled model or set `Trainer(use_compile=...)`."
+            # [/ladder]
+        )
 
 
 def _capture_compile_kwargs(compile_fn: Callable) -> Callable:
@@ -239,6 +243,7 @@ FIXES = {
     "from_compiled": ("lightning.pytorch.utilities.compile", None),
     "to_uncompiled": ("lightning.pytorch.utilities.compile", None),
     "_verify_strategy_supports_compile": ("lightning.pytorch.utilities.compile", None),
+    "_verify_strategy_can_compile": ("lightning.pytorch.utilities.compile", None),
     "_capture_compile_kwargs": ("lightning.fabric.wrappers", None),
     "__call__": ("lightning.pytorch.strategies.strategy", "_ForwardRedirection"),
     "_redirection_through_forward": ("lightning.fabric.wrappers", "_FabricModule"),

@@ -61,6 +61,8 @@ class ReplaceDef:
     name: str
     cls: Optional[str] = None
     bases: tuple[str, ...] = BASES
+    #: Functions of ``lightning_fixes`` that Lightning does not have, added after this one.
+    then: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,37 @@ method in the same way; that predates this and is left for a patch of its own.)"
     edits=(ReplaceDef(COMPILE_UTILS, "to_uncompiled"), *_changelog_fixed(_FIXED_TO_UNCOMPILED, 7)),
 )
 
+FIX_FABRIC_CAPTURE = Patch(
+    subject="Fix `Fabric.setup` compiling a compiled model again with a copy of its backend",
+    body="""\
+Fabric captures the arguments of `torch.compile` so that `Fabric.setup` can compile the model
+again after the strategy wraps it (`_reapply_compile`, #19280). It kept a deep copy of them,
+the backend included, so the model was compiled again with a copy of the user's backend object:
+a backend that counts graphs or holds state (`torch._dynamo.testing.CompileCounter`, a backend
+that records graphs for a profiler) saw none of them. The capture now keeps the backend itself,
+and still copies the other arguments (`options` is a dict the caller may change later).
+
+Issue text:
+
+    `Fabric.setup` compiles with a copy of my `torch.compile` backend object
+
+    Repro (CPU): `backend = CompileCounter()`, `module = fabric.setup(torch.compile(model,
+    backend=backend))`, `module(x)`: `backend.frame_count` stays 0, because Fabric compiled
+    the wrapped model again with `copy.deepcopy(backend)`.""",
+    modules=(),
+    tests=("tests_fabric/test_wrappers_compile_capture.py",),
+    edits=(
+        ReplaceDef(FABRIC_WRAPPERS, "_capture_compile_kwargs"),
+        InsertAfter(FABRIC_CHANGELOG, "### Fixed", f"\n{_FIXED_FABRIC_CAPTURE}\n", bases=("2.6.6",)),
+        InsertAfter(
+            FABRIC_CHANGELOG,
+            "- Fixed DeepSpeed checkpoint path validation rejecting remote filesystem URIs",
+            f"\n{_FIXED_FABRIC_CAPTURE}\n",
+            bases=("master",),
+        ),
+    ),
+)
+
 _FIXED_SPAWN = (
     '- Fixed `strategy="ddp_spawn"` failing to pickle a `torch.compile`-d model ("Can\'t pickle'
     " BoringModel.forward: it's not the same object\"), with PyTorch 2.6 and later: the model is unwrapped before the"
@@ -303,12 +336,15 @@ right after `strategy.setup` and before any hook that runs a step (the tuner's t
 `nn.Module.compile`, so Lightning's `isinstance(..., DistributedDataParallel)` checks and the
 state-dict keys stay; without one, or with `fullgraph=True` (DDP's forward calls its C++
 reducer, which no single graph holds), the LightningModule's steps, with `from_compiled`. Each
-step keeps its signature, and everything is undone in `_teardown`, on every path. This also
-fixes `strategy="ddp_spawn"` with a compiled model, which failed to pickle it ("Can't pickle
-BoringModel.forward: it's not the same object"): the model is unwrapped before the spawn. And
-Fabric's capture of the `torch.compile` arguments keeps the backend itself rather than a deep
-copy, so that a backend object that counts graphs or holds state (a `CompileCounter`) is the one
-that compiles after the wrap, here as in `Fabric.setup`: on master its steps compiled with it.
+step keeps its signature, and everything is undone in `_teardown`, on every path. The
+arguments are the ones Fabric captured from `torch.compile`, which since the previous patch keep
+the user's backend object itself, so a backend that counts graphs or holds state (a
+`CompileCounter`) compiles after the wrap as it did on master. This also fixes
+`strategy="ddp_spawn"` with a compiled model, which failed to pickle it ("Can't pickle
+BoringModel.forward: it's not the same object"): the model is unwrapped before the spawn. The
+strategy check of `_verify_strategy_supports_compile` is now `_verify_strategy_can_compile`, which
+the Trainer also calls when it unwraps a compiled model, since the unwrapped model is not compiled
+yet; the message and the strategies refused are unchanged.
 
 Dynamo guards on each run's new wrapper in the forward redirection's `wrapped_forward`, code that
 every run shares, and counts its recompile limit per code object for the whole process: without
@@ -353,7 +389,7 @@ compiled as it was.""",
             "    ) -> Optional[Union[_EVALUATE_OUTPUT, _PREDICT_OUTPUT]]:\n"
             "        if self.state.fn == TrainerFn.FITTING:\n",
             "    ) -> Optional[Union[_EVALUATE_OUTPUT, _PREDICT_OUTPUT]]:\n"
-            "        self._compile_connector.on_run_start(model)\n\n"
+            "        self._compile_connector.on_run_start()\n\n"
             "        if self.state.fn == TrainerFn.FITTING:\n",
         ),
         Replace(
@@ -371,18 +407,9 @@ compiled as it was.""",
             + _indent(_LIGHTNING_TEARDOWN, 4)
             + "\n",
         ),
-        Replace(COMPILE_UTILS, "from typing import Union\n", "from typing import Optional, Union\n"),
-        ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
+        ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile", then=("_verify_strategy_can_compile",)),
         Replace(CHANGELOG, "### Changed\n\n-\n", f"### Changed\n\n{_REAPPLIED}"),
         *_changelog_fixed(_FIXED_SPAWN, 1),
-        ReplaceDef(FABRIC_WRAPPERS, "_capture_compile_kwargs"),
-        InsertAfter(FABRIC_CHANGELOG, "### Fixed", f"\n{_FIXED_FABRIC_CAPTURE}\n", bases=("2.6.6",)),
-        InsertAfter(
-            FABRIC_CHANGELOG,
-            "- Fixed DeepSpeed checkpoint path validation rejecting remote filesystem URIs",
-            f"\n{_FIXED_FABRIC_CAPTURE}\n",
-            bases=("master",),
-        ),
         _section_before("Avoid graph breaks", "reapply_compile"),
         Replace(
             COMPILE_DOCS,
@@ -479,11 +506,16 @@ before that, as is a strategy that cannot run compiled (DeepSpeed).""",
         ),
         Replace(
             TRAINER,
+            "        self._compile_connector.on_run_start()\n",
+            "        self._compile_connector.on_run_start(model)\n",
+        ),
+        Replace(
+            TRAINER,
             "            plugins=plugins,\n        )\n        self._logger_connector = _LoggerConnector(self)\n",
             "            plugins=plugins,\n        )\n        self._compile_connector.verify_strategy()\n"
             "        self._logger_connector = _LoggerConnector(self)\n",
         ),
-        ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile"),
+        ReplaceDef(COMPILE_UTILS, "_verify_strategy_can_compile"),
         Replace(
             CHANGELOG,
             f"{_UNRELEASED}-\n",
@@ -884,6 +916,7 @@ SERIES: tuple[Patch, ...] = (
     FIX_FORWARD_REDIRECTION,
     FIX_FROM_COMPILED,
     FIX_TO_UNCOMPILED,
+    FIX_FABRIC_CAPTURE,
     REAPPLY,
     USE_COMPILE,
     FEATURE_SEAM,

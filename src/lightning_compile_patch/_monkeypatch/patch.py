@@ -96,7 +96,10 @@ def remove() -> None:
         trainer_cls = _trainer_cls(flavour)
         originals = dict(_originals(trainer_cls))
         for target, name, original in reversed(originals.pop(_FIXES_KEY, [])):
-            setattr(target, name, original)
+            if original is None:  # a helper the fixes added, which Lightning does not have
+                delattr(target, name)
+            else:
+                setattr(target, name, original)
         for name, original in originals.items():
             setattr(trainer_cls, name, original)
 
@@ -197,11 +200,11 @@ def _install_fixes(flavour: str) -> list[tuple[Any, str, Any]]:
         owner = getattr(module, class_name) if class_name else module
         fixed = getattr(getattr(fixes, class_name), name) if class_name else getattr(fixes, name)
         targets = [owner]
-        if not class_name:  # modules that imported the helper by name see the fix too
+        if not class_name and name in vars(module):  # modules that imported the helper by name see the fix too
             trainer_module = importlib.import_module(f"{flavour}.trainer.trainer")
-            targets += [trainer_module] if getattr(trainer_module, name, None) is getattr(module, name) else []
+            targets += [trainer_module] if getattr(trainer_module, name, None) is vars(module)[name] else []
         for target in targets:
-            replaced.append((target, name, target.__dict__[name]))
+            replaced.append((target, name, target.__dict__.get(name)))
             setattr(target, name, fixed)
     # Fabric wrapped `torch.compile` in its capture when it was imported: the fixed capture wraps what that one wrapped
     torch = importlib.import_module("torch")

@@ -143,16 +143,6 @@ def test_the_users_backend_object_compiles_again_after_the_wrap(tmp_path, strate
     assert backend.calls > 0
 
 
-@RunIf(dynamo=True)
-def test_fabric_compiles_again_with_the_users_backend_object():
-    from lightning.fabric import Fabric
-
-    backend = CountingBackend()
-    module = Fabric(accelerator="cpu", devices=1).setup(torch.compile(torch.nn.Linear(2, 2), backend=backend))
-    module(torch.randn(1, 2))
-    assert backend.graphs == 1
-
-
 @RunIf(min_torch="2.6")
 def test_the_wrapper_is_uncompiled_where_module_compile_keeps_its_compiled_call():
     """The Trainer undoes ``nn.Module.compile`` on the wrapper by removing its ``_compiled_call_impl``: torch has no
@@ -305,6 +295,34 @@ def test_the_tuner_trials_run_compiled(tmp_path, strategy):
     assert finder.optimal_lr is not None
     assert len(model.calls) == 4 + 2  # the finder's trials, then the training
     assert all(model.calls), model.calls  # every batch ran compiled graphs, the finder's too
+
+
+class RaisesOnTheSecondStep(BoringModel):
+    fail = True
+
+    def training_step(self, batch, batch_idx):
+        if self.fail and batch_idx == 1:
+            raise RuntimeError("the step failed")
+        return super().training_step(batch, batch_idx)
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
+def test_a_run_that_raises_is_undone_and_the_model_compiles_again(tmp_path, strategy):
+    model, backend = RaisesOnTheSecondStep(), CountingBackend()
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, **_TRAINER_KWARGS)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        trainer.fit(torch.compile(model, backend=backend))
+    # undone on the error path too: nothing compiled left on the model or on the wrapper
+    assert model._compiler_ctx is None
+    assert "training_step" not in vars(model)
+    assert "_compiled_call_impl" not in vars(trainer.strategy.model)
+    # and a later run of the same model compiles again
+    model.fail = False
+    calls = GraphCallsPerStep(backend)
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=[calls], **_TRAINER_KWARGS)
+    trainer.fit(torch.compile(model, backend=backend))
+    assert all(calls.calls["train"])
 
 
 @RunIf(min_torch="2.6", dynamo=True)

@@ -1,0 +1,46 @@
+# Copyright The Lightning AI team.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+import pytest
+import torch
+
+from lightning.fabric import Fabric
+
+_needs_dynamo = pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="needs `torch.compile`")
+
+
+class CountingBackend:
+    """Runs the graphs eagerly, and counts the graphs it compiled."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+@_needs_dynamo
+def test_setup_compiles_again_with_the_users_backend_object():
+    backend = CountingBackend()
+    module = Fabric(accelerator="cpu", devices=1).setup(torch.compile(torch.nn.Linear(2, 2), backend=backend))
+    module(torch.randn(1, 2))
+    assert backend.graphs == 1
+
+
+@_needs_dynamo
+def test_the_other_arguments_are_kept_as_they_were_passed():
+    options = {"max_autotune": False}
+    compiled = torch.compile(torch.nn.Linear(2, 2), backend="inductor", options=options, dynamic=False)
+    options["max_autotune"] = True  # the caller's dict, changed after the call, is not what was passed
+    assert compiled._compile_kwargs == {"backend": "inductor", "options": {"max_autotune": False}, "dynamic": False}
