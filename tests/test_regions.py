@@ -193,6 +193,14 @@ def test_regions_matching_nothing_fail_before_training_and_name_the_candidates(t
     assert leftovers(model) == []
 
 
+def test_auto_takes_the_blocks_of_a_list_of_lists():
+    # the inner lists have no `forward` to compile: their blocks are what runs
+    find = lightning_side("regions")._find_regions
+    model = nn.Module()
+    model.stages = nn.ModuleList([nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]) for _ in range(2)])
+    assert sorted(find(model, "auto")) == ["stages.0.0", "stages.0.1", "stages.1.0", "stages.1.1"]
+
+
 def test_auto_on_a_model_without_repeated_blocks_says_so():
     from lightning.pytorch.demos.boring_classes import BoringModel
 

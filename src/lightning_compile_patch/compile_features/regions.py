@@ -56,7 +56,8 @@ def _parse_regions(regions: Any) -> Optional[_Spec]:
 
 def _find_regions(module: nn.Module, regions: _Spec) -> dict[str, nn.Module]:
     """The blocks to compile, by name, in one walk: ``"auto"``'s are the blocks of every container of two or more
-    modules of one class; otherwise, the instances of a class in ``regions`` or named there (subclasses included).
+    modules of one class (the blocks inside, where those are lists, which are never called); otherwise, the instances
+    of a class in ``regions`` or named there (subclasses included).
 
     When matches nest, the outermost wins. Nothing matching raises a ``ValueError`` that lists the repeated blocks.
 
@@ -66,7 +67,9 @@ def _find_regions(module: nn.Module, regions: _Spec) -> dict[str, nn.Module]:
     for name, sub in module.named_modules():
         if isinstance(sub, (nn.ModuleList, nn.Sequential)) and not any(name.startswith(f"{b}.") for b in repeated):
             children = dict(sub.named_children())
-            if len(children) > 1 and len({type(child) for child in children.values()}) == 1:
+            kinds = {type(child) for child in children.values()}
+            lists = len(kinds) == 1 and issubclass(next(iter(kinds)), (nn.ModuleList, nn.ModuleDict))
+            if len(children) > 1 and len(kinds) == 1 and not lists:
                 repeated.update({f"{name}.{key}" if name else key: child for key, child in children.items()})
         if not isinstance(regions, str) and name and not any(name.startswith(f"{m}.") for m in matched):
             names = {cls.__name__ for cls in type(sub).__mro__}
