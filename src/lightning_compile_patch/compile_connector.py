@@ -277,7 +277,10 @@ class _CompileConnector:
         self.run_kwargs = _Frozen(dict(kwargs))
         # [/ladder]
         # [ladder !features] self.run_kwargs = given
-        self.defer(_crowded_code_reset(model), scope="run")  # [ladder features]
+        # [ladder features]
+        if self.enabled or self.input_defaults:  # a compiled model passed in gets the re-apply alone, by default
+            self.defer(_crowded_code_reset(model), scope="run")
+        # [/ladder]
 
     def compile(self) -> None:
         """Compiles, in place, what the strategy calls in this stage, after the strategy has wrapped the model."""

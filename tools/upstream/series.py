@@ -347,12 +347,16 @@ the Trainer also calls when it unwraps a compiled model, since the unwrapped mod
 yet; the message and the strategies refused are unchanged.
 
 Dynamo guards on each run's new wrapper in the forward redirection's `wrapped_forward`, code that
-every run shares, and counts its recompile limit per code object for the whole process: without
-a reset, the 9th DDP fit of a process ran with no compiled code, where master compiled every fit.
-So when a run ends, `wrapped_forward`'s entries are dropped (`reset_code`) if the run grew them
-past half of the limit, and no other code is touched: repeated runs of one model keep theirs, and
-a function the user compiled keeps all of its own. Other code that a process's many models of
-other shapes share (the step methods of one class) reaches the limit as on master, and the docs
+every run shares, and counts its recompile limit per code object for the whole process: left so,
+the 9th DDP fit of a process ran with no compiled code, where master compiled every fit. From
+torch 2.13 the wrapper is compiled with `isolate_recompiles=True` (public), so each run counts
+its own recompiles (20 DDP fits of 20 widths in one process: all compiled). Before 2.13, when a
+run ends, `wrapped_forward`'s entries are dropped if the run grew them past half of the limit,
+through two private names of Dynamo (`_debug_get_cache_entry_list`, `reset_code`; present from
+2.6, tested on 2.6.0, 2.9.1 and 2.13.0), which go when Lightning's oldest torch is 2.13; no other
+code is touched: repeated runs of one model keep their entries, and a function the user
+compiled keeps all of its own. Other code that a process's many models of other shapes share
+(the step methods of one class, without a wrapper) reaches the limit as on master, and the docs
 say to call `torch.compiler.reset()` between such fits.
 
 What it buys, and on which torch: Fabric's behaviour, and PyTorch's advice to compile the

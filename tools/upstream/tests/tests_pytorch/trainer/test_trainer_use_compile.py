@@ -74,9 +74,6 @@ class CountingBackend:
 
         return run
 
-    def __deepcopy__(self, memo):
-        return self  # Lightning keeps a deep copy of the arguments of `torch.compile`
-
 
 class GraphCallsPerStep(Callback):
     """How many compiled graphs each batch of each stage ran (a step that ran no compiled code shows 0)."""

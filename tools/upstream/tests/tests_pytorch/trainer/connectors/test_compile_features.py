@@ -88,6 +88,16 @@ def test_defaults_turn_a_feature_on_for_every_use_compile_but_not_for_a_compiled
     assert probe.seen == []
 
 
+def test_a_compiled_model_passed_in_gets_no_reset_of_shared_code_without_use_compile(monkeypatch, tmp_path):
+    resets = []
+    monkeypatch.setattr(compile_connector, "_crowded_code_reset", lambda model: lambda: resets.append(model))
+    model = BoringModel()
+    Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS).fit(torch.compile(model, backend="eager"))
+    assert resets == []  # what the re-apply does, and nothing more
+    Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS).fit(model)
+    assert resets == [model]
+
+
 def test_what_a_feature_changes_is_undone_after_the_run(probe, tmp_path):
     record = _RecordDuringFit()
     use_compile = {"backend": "eager", "probe": True}
