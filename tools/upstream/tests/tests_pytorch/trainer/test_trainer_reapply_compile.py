@@ -216,10 +216,12 @@ def test_each_step_compiles_once_across_stages_under_ddp(tmp_path):
     trainer.fit(compiled)
     fitted = backend.graphs
     trainer.validate(compiled)
+    validated = backend.graphs
     trainer.validate(compiled)
     # fit compiles the wrapper's call (the training and validation steps through it); validate, without a wrapper,
-    # compiles the validation step once, and a second validate compiles nothing
-    assert backend.graphs == fitted + 1
+    # compiles the validation step at most once, and a second validate compiles nothing
+    assert validated <= fitted + 1
+    assert backend.graphs == validated
 
 
 @RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
