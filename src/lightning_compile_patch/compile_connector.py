@@ -16,7 +16,7 @@ import contextlib  # noqa: I001 (the layers of `typing` imports: `tools/upstream
 import difflib  # [ladder use_compile]
 import functools  # [ladder features]
 import importlib  # [ladder features]
-import inspect
+import inspect  # [ladder use_compile]
 import os  # [ladder features]
 import pkgutil  # [ladder features]
 import re  # [ladder features]
@@ -42,8 +42,6 @@ from lightning.pytorch.utilities.compile import _verify_strategy_can_compile, fr
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 _USE_COMPILE = Optional[Union[bool, dict[str, Any]]]  # [ladder use_compile]
-#: ``torch.compile(isolate_recompiles=True)`` (torch 2.13): a compile call that counts its recompiles apart from others
-_ISOLATES_RECOMPILES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 _Scope = Literal["compile", "run"]  # [ladder features]
 # [ladder features]
 
@@ -302,15 +300,10 @@ class _CompileConnector:
         elif wrapper is not module:
             # DDP, FSDP: the strategy calls every step through the wrapper's forward, so the wrapper's own forward is
             # traced with the step and the loss (DDP's: from torch 2.9, with graph breaks at its C++ reducer calls)
-            # Dynamo guards on each run's new wrapper in code all runs share (`wrapped_forward`): count this run's
-            # recompiles apart where torch can, or else drop those entries when it ends, so a 9th DDP fit compiles
-            if _ISOLATES_RECOMPILES:
-                wrapper.compile(**{"isolate_recompiles": True, **kwargs})
-            else:
-                wrapper.compile(**kwargs)
-                self.defer(_redirection_reset())
+            wrapper.compile(**kwargs)
             # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
             self.defer(wrapper.__dict__.pop, "_compiled_call_impl", None)
+            self.defer(_redirection_reset())
             # [ladder features]
             compiled = wrapper._compiled_call_impl
             assert compiled is not None
@@ -437,8 +430,8 @@ def _redirection_reset() -> Callable[[], None]:
 
     Each run's wrapper is a new object, which Dynamo guards on in the redirection's ``wrapped_forward``, code that every
     run shares: a process that fits many models under DDP would reach Dynamo's recompile limit there, and run its later
-    fits without compiled code. Repeated runs of one model keep their entries. Only for a torch without
-    ``isolate_recompiles`` (before 2.13), through Dynamo's private per-code reset: remove it with that torch.
+    fits without compiled code. Through Dynamo's private per-code reset: torch has no public way to drop one code
+    object's entries.
 
     """
     eval_frame, config = torch._C._dynamo.eval_frame, torch._dynamo.config

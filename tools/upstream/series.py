@@ -348,16 +348,19 @@ yet; the message and the strategies refused are unchanged.
 
 Dynamo guards on each run's new wrapper in the forward redirection's `wrapped_forward`, code that
 every run shares, and counts its recompile limit per code object for the whole process: left so,
-the 9th DDP fit of a process ran with no compiled code, where master compiled every fit. From
-torch 2.13 the wrapper is compiled with `isolate_recompiles=True` (public), so each run counts
-its own recompiles (20 DDP fits of 20 widths in one process: all compiled). Before 2.13, when a
-run ends, `wrapped_forward`'s entries are dropped if the run grew them past half of the limit,
-through two private names of Dynamo (`_debug_get_cache_entry_list`, `reset_code`; present from
-2.6, tested on 2.6.0, 2.9.1 and 2.13.0), which go when Lightning's oldest torch is 2.13; no other
-code is touched: repeated runs of one model keep their entries, and a function the user
-compiled keeps all of its own. Other code that a process's many models of other shapes share
-(the step methods of one class, without a wrapper) reaches the limit as on master, and the docs
-say to call `torch.compiler.reset()` between such fits.
+the 9th DDP fit of a process ran with no compiled code, where master compiled 16 of 20. So when
+a run ends, `wrapped_forward`'s entries are dropped if the run grew them past half of the limit
+(20 DDP fits of 20 widths in one process: all compiled, on torch 2.6.0 and 2.13.0), through two
+private names of Dynamo (`_debug_get_cache_entry_list`, `reset_code`; tested on 2.6.0, 2.9.1
+and 2.13.0): torch has no public way to drop one code object's entries, and this needs a
+maintainer's sign-off. `torch.compile(isolate_recompiles=True)` (2.13) was tried instead and
+rejected: every fit opened a region that nothing freed, so the 257th DDP fit ran eagerly
+(`accumulated_recompile_limit`), and every fit compiled again. No other code is touched: a
+function the user compiled keeps all of its own entries. The cost, with the reset: 30 DDP fits
+of one model class in one process compile 1 graph on torch 2.13, as master; on torch 2.6.0,
+where Dynamo guards on the wrapper object itself, 30 (master: 1). Other code that a process's
+many models of other shapes share (the step methods of one class, without a wrapper) reaches
+the limit as on master, and the docs say to call `torch.compiler.reset()` between such fits.
 
 What it buys, and on which torch: Fabric's behaviour, and PyTorch's advice to compile the
 wrapped module. From torch 2.9 (tested; 2.7 and 2.8 not run) DDP's forward pre-hooks and its
