@@ -46,18 +46,18 @@ def test_importing_again_changes_nothing(patch_module, flavour):
 def test_remove_restores_stock_lightning(patch_module, flavour):
     cls = trainer_cls(flavour)
     compile_utils = importlib.import_module(f"{flavour}.utilities.compile")
-    stock_check = compile_utils._verify_strategy_supports_compile
+    fixed_check = compile_utils._verify_strategy_supports_compile
     patch_module.remove()
     assert "use_compile" not in inspect.signature(cls).parameters
     with pytest.raises(TypeError, match="use_compile"):
         cls(use_compile=True, **QUIET)
     # Lightning's helpers are its own again; the one the fixes add is gone
-    assert compile_utils._verify_strategy_supports_compile is not stock_check
+    assert compile_utils._verify_strategy_supports_compile is not fixed_check
     assert not hasattr(compile_utils, "_verify_strategy_can_compile")
     imported = [name for name in ("lightning.pytorch", "pytorch_lightning") if name in sys.modules]
     assert patch_module.apply() == imported  # the others are patched when they are imported
     assert "use_compile" in inspect.signature(cls).parameters
-    assert compile_utils._verify_strategy_supports_compile is stock_check
+    assert compile_utils._verify_strategy_supports_compile is fixed_check
     assert callable(compile_utils._verify_strategy_can_compile)
 
 

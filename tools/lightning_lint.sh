@@ -1,7 +1,7 @@
 #!/bin/bash
 # Lightning's lint and mypy on the files each master rung adds or changes, with Lightning's own pyproject.toml:
-# the core (0001 to the seam, 0007) one on another, then each fork rung alone on the seam. Prints one line per rung ("clean", or the findings),
-# then mypy's errors that stock master does not have.
+# the core (0001 to the seam, 0007) one on another, then each fork rung alone on the seam. Prints one line per rung
+# ("clean", or the findings), then mypy's errors that stock master does not have.
 #
 #   LINT_BIN=DIR  a bin/ with ruff 0.15.9, codespell 2.4.2, docformatter 1.7.7, sphinx-lint 1.0.2, mypy 1.20.0 and the
 #                 stubs of Lightning's requirements/typing.txt (Lightning's CI versions)
