@@ -5,8 +5,8 @@
 | `None`        | plain LightningModule      | nothing is compiled: stock Lightning                          |
 | `None`        | `torch.compile(model, **kw)` | unwrap, re-apply the same kwargs after the strategy wraps   |
 | `False`       | any                        | exactly stock Lightning                                       |
-| `True`        | plain or compiled          | compile after the wrap with torch.compile's defaults          |
-| dict          | plain or compiled          | the same, with these kwargs                                   |
+| `True`        | plain, or compiled alike   | compile after the wrap with torch.compile's defaults          |
+| dict          | plain, or compiled alike   | the same, with these kwargs; compiled otherwise: refused      |
 """
 
 import warnings
@@ -98,14 +98,26 @@ def test_dict_compiles_a_plain_model_after_the_wrap_with_its_kwargs(strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_dict_wins_over_a_compiled_model_with_one_warning(strategy):
-    model_backend, trainer_backend = CountingBackend("model"), CountingBackend("trainer")
-    compiled = torch.compile(LoggingModel(), backend=model_backend)
-    _, seen, messages = fit(compiled, strategy, {"backend": trainer_backend})
+def test_dict_takes_a_compiled_model_with_its_own_arguments_and_compiles_it_once(strategy):
+    backend = CountingBackend("same_arguments")
+    compiled = torch.compile(LoggingModel(), backend=backend)
+    _, seen, messages = fit(compiled, strategy, {"backend": backend})
     assert compiled_after_wrap(seen, strategy)
-    assert model_backend.graphs == 0
-    assert trainer_backend.calls > 0
-    assert sum("`use_compile` wins" in m for m in messages) == 1
+    assert backend.calls > 0
+    assert not any("use_compile" in m for m in messages)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_dict_refuses_a_compiled_model_with_other_arguments_before_the_run(strategy):
+    model_backend, trainer_backend = CountingBackend("model"), CountingBackend("trainer")
+    model = LoggingModel()
+    weights = model.layer.weight.detach().clone()
+    trainer = Trainer(strategy=strategy, use_compile={"backend": trainer_backend}, **QUIET)
+    with pytest.raises(ValueError, match=r"compiled with `torch.compile\(model, \*\*\{'backend': .*`model._orig_mod`"):
+        trainer.fit(torch.compile(model, backend=model_backend))
+    assert trainer.global_step == 0
+    assert torch.equal(weights, model.layer.weight)
+    assert model_backend.graphs == trainer_backend.graphs == 0
 
 
 @pytest.mark.slow

@@ -219,18 +219,17 @@ class _CompileConnector:
         if model is None:
             return model  # the stage reuses the Trainer's model, and with it the compiled input's arguments
         self._input_kwargs = None
+        # [ladder use_compile]
+        if self.enabled:
+            # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)
+            _verify_one_compile(model, self.use_compile, self.options.torch_kwargs)  # [ladder features]
+        # [/ladder]
         if not isinstance(model, OptimizedModule) or not _TORCH_GREATER_EQUAL_2_6:
             return model
         # [ladder use_compile]
         if self.use_compile is False:  # the previous behavior: Lightning compiles the steps before the wrap
             return model
-        # [/ladder]
-        # [ladder use_compile]
-        if self.enabled:  # its arguments are not needed: it may have been compiled before `lightning` was imported
-            rank_zero_warn(
-                "The model passed in is compiled and `Trainer(use_compile)` is set too: `use_compile` wins. Pass the"
-                " uncompiled model, or remove `use_compile`."
-            )
+        if self.enabled:  # compiled with `use_compile`'s own arguments: compiled once, after the wrap
             return model._orig_mod
         # [/ladder]
         _verify_strategy_can_compile(self.trainer.strategy)  # where Lightning checks a compiled model
@@ -260,10 +259,6 @@ class _CompileConnector:
         if self.enabled and self.features:  # what `use_compile`'s features change is process-wide: one run at a time
             self._claim_the_process()
         self.given = given
-        # [/ladder]
-        # [ladder use_compile]
-        if model._compiler_ctx is not None:
-            to_uncompiled(model)  # compiled by hand with `from_compiled`: compile once, after the wrap
         # [/ladder]
         # [ladder features]
         self._active = list(self.features)
@@ -500,6 +495,22 @@ def _feature_classes() -> tuple[type[_CompileFeature], ...]:
 
 # [/ladder]
 # [ladder use_compile]
+def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any]) -> None:
+    """Refuses a model compiled by hand otherwise than ``use_compile`` says: which of the two to run is unclear."""
+    given = getattr(model, "_compile_kwargs", None)
+    if isinstance(model, OptimizedModule) and (given is None or dict(given) != dict(kwargs)):
+        how = "before `lightning` was imported" if given is None else f"with `torch.compile(model, **{dict(given)})`"
+    elif getattr(model, "_compiler_ctx", None) is not None:
+        how = "with `from_compiled`"
+    else:
+        return
+    raise ValueError(
+        f"The model passed in was compiled {how}, and `Trainer(use_compile={use_compile!r})` asks for a compile of"
+        " its own. Pass the uncompiled model (`model._orig_mod`, or `to_uncompiled(model)`) to compile it as"
+        " `use_compile` says, or remove `use_compile`."
+    )
+
+
 def _torch_compile_keys() -> list[str]:
     return [name for name in inspect.signature(torch.compile).parameters if name != "model"]
 

@@ -465,13 +465,17 @@ the wrap. A model whose layers are built in `configure_model` does not need the 
 (`torch.compile` is lazy: `fit(torch.compile(model))` compiles them), nor does `validate`
 after `fit` (pass the compiled model again).
 
-The questions for the maintainers:
-- #15914 (`Trainer(compile=...)`) was closed for #15922 ("pass `torch.compile(model)`"). Is a
-  Trainer argument acceptable for configuration-driven compiles alone? If not, this patch
-  stays out; the previous one stands alone.
-- If it is: `use_compile=False` here means "compile a compiled model before the wrap, as
-  before", not "never compile". A bool-or-dict argument with that `False` may be a trap;
-  `None`/dict only, with no opt-out, is the other shape.
+The question for the maintainers: #15914 (`Trainer(compile=...)`) was closed for #15922 ("pass
+`torch.compile(model)`"). Is a Trainer argument acceptable for configuration-driven compiles
+alone? If not, this patch stays out; the previous one stands alone.
+
+Decided here for the review, each a small change if the maintainers prefer otherwise:
+- `False` stays, as the way back to the compile before the wrap for a compiled model (on torch
+  2.6, where Dynamo guards on the wrapper object, the previous patch compiles each DDP fit of a
+  new model again); it never compiles a plain model.
+- A model compiled by hand otherwise than `use_compile` says (other arguments, `from_compiled`,
+  or compiled before `lightning` was imported) is refused when the run starts, before anything
+  runs, rather than compiled with `use_compile`'s arguments after a warning.
 
 `use_compile` needs torch 2.6, the oldest it is tested with, and is refused at `Trainer(...)`
 before that, as is a strategy that cannot run compiled (DeepSpeed).""",

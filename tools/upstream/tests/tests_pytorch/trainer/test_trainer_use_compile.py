@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.utilities.compile import from_compiled
 from tests_pytorch.helpers.runif import RunIf
 
 
@@ -283,11 +284,39 @@ def test_use_compile_false_keeps_the_default_behavior(tmp_path):
 
 
 @RunIf(min_torch="2.6", dynamo=True)
-def test_use_compile_wins_over_a_compiled_model(tmp_path):
-    compiled = torch.compile(BoringModel(), backend="eager")
+def test_use_compile_takes_a_model_compiled_with_the_same_arguments(tmp_path):
+    backend = CountingBackend()
+    compiled = torch.compile(BoringModel(), backend=backend)
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": backend}, **_TRAINER_KWARGS)
+    trainer.fit(compiled)
+    assert backend.graphs == 2  # once, after the wrap: the training and the validation step
+
+
+def _compiled_before_lightning_was_imported(model):
+    uncaptured = torch.compile
+    while getattr(uncaptured.__code__, "co_name", None) == "_capture":  # Fabric's wrapper, as if not yet imported
+        uncaptured = uncaptured.__wrapped__
+    return uncaptured(model, backend="eager")
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize(
+    ("compile_by_hand", "match"),
+    [
+        (lambda model: torch.compile(model, backend="aot_eager"), r"\(model, \*\*\{'backend': 'aot_eager'\}\)"),
+        (_compiled_before_lightning_was_imported, "compiled before `lightning` was imported"),
+        (lambda model: from_compiled(torch.compile(model, backend="eager")), "compiled with `from_compiled`"),
+    ],
+)
+def test_use_compile_refuses_a_model_compiled_otherwise_before_the_run(tmp_path, compile_by_hand, match):
+    model = BoringModel()
+    weights = _weights(model)
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS)
-    with pytest.warns(UserWarning, match="`use_compile` wins"):
-        trainer.fit(compiled)
+    with pytest.raises(ValueError, match=f"{match}.*Pass the uncompiled model"):
+        trainer.fit(compile_by_hand(model))
+    assert trainer.global_step == 0
+    for expected, actual in zip(weights, _weights(model), strict=True):
+        torch.testing.assert_close(actual, expected)
 
 
 @RunIf(min_torch="2.6", dynamo=True)
@@ -353,16 +382,3 @@ def test_use_compile_leaves_nothing_on_the_model_and_copies_no_argument(tmp_path
     trainer.fit(model)  # Fabric's capture of `torch.compile`'s arguments deep-copied them: TypeError
     assert backend.calls > 0
     assert "_compile_kwargs" not in model.__dict__  # it kept a record of the Trainer's own compile
-
-
-@RunIf(min_torch="2.6", dynamo=True)
-def test_use_compile_takes_a_model_compiled_before_lightning_was_imported(tmp_path):
-    uncaptured = torch.compile
-    while getattr(uncaptured.__code__, "co_name", None) == "_capture":  # Fabric's wrapper, as if not yet imported
-        uncaptured = uncaptured.__wrapped__
-    compiled = uncaptured(BoringModel(), backend="eager")
-    backend = CountingBackend()
-    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": backend}, **_TRAINER_KWARGS)
-    with pytest.warns(UserWarning, match="`use_compile` wins"):
-        trainer.fit(compiled)  # RuntimeError: Failed to determine the arguments that were used to compile the module
-    assert backend.calls > 0
