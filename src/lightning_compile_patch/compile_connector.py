@@ -426,17 +426,25 @@ def _redirection_reset() -> Callable[[], None]:
     Each run's wrapper is a new object, which Dynamo guards on in the redirection's ``wrapped_forward``, code that every
     run shares: a process that fits many models under DDP would reach Dynamo's recompile limit there, and run its later
     fits without compiled code. Through Dynamo's private per-code reset: torch has no public way to drop one code
-    object's entries.
+    object's entries. A torch without it gets a warning and no reset.
 
     """
     eval_frame, config = torch._C._dynamo.eval_frame, torch._dynamo.config
     limit = getattr(config, "recompile_limit", None) or config.cache_size_limit
+    entries, reset_code = (getattr(eval_frame, name, None) for name in ("_debug_get_cache_entry_list", "reset_code"))
     nested = _ForwardRedirection.__call__.__code__.co_consts
-    [code] = [c for c in nested if isinstance(c, types.CodeType) and c.co_name == "wrapped_forward"]
+    codes = [c for c in nested if isinstance(c, types.CodeType) and c.co_name == "wrapped_forward"]
+    if entries is None or reset_code is None or len(codes) != 1:
+        rank_zero_warn(
+            f"torch {torch.__version__} has no per-code reset Lightning knows, so a process that fits many compiled"
+            " models under DDP may run its later fits uncompiled. Call `torch.compiler.reset()` between such fits."
+        )
+        return lambda: None
+    [code] = codes
 
     def reset() -> None:
-        if len(eval_frame._debug_get_cache_entry_list(code)) > limit // 2:
-            eval_frame.reset_code(code)  # its entries, its recompile count and its "skip" mark
+        if len(entries(code)) > limit // 2:
+            reset_code(code)  # its entries, its recompile count and its "skip" mark
 
     return reset
 

@@ -350,17 +350,36 @@ Dynamo guards on each run's new wrapper in the forward redirection's `wrapped_fo
 every run shares, and counts its recompile limit per code object for the whole process: left so,
 the 9th DDP fit of a process ran with no compiled code, where master compiled 16 of 20. So when
 a run ends, `wrapped_forward`'s entries are dropped if the run grew them past half of the limit
-(20 DDP fits of 20 widths in one process: all compiled, on torch 2.6.0 and 2.13.0), through two
-private names of Dynamo (`_debug_get_cache_entry_list`, `reset_code`; tested on 2.6.0, 2.9.1
-and 2.13.0): torch has no public way to drop one code object's entries, and this needs a
-maintainer's sign-off. `torch.compile(isolate_recompiles=True)` (2.13) was tried instead and
-rejected: every fit opened a region that nothing freed, so the 257th DDP fit ran eagerly
-(`accumulated_recompile_limit`), and every fit compiled again. No other code is touched: a
-function the user compiled keeps all of its own entries. The cost, with the reset: 30 DDP fits
-of one model class in one process compile 1 graph on torch 2.13, as master; on torch 2.6.0,
-where Dynamo guards on the wrapper object itself, 30 (master: 1). Other code that a process's
-many models of other shapes share (the step methods of one class, without a wrapper) reaches
-the limit as on master, and the docs say to call `torch.compiler.reset()` between such fits.
+(20 DDP fits of 20 widths in one process: all compiled, on torch 2.6.0 and 2.13.0).
+`torch.compile(isolate_recompiles=True)` (2.13) was tried instead and rejected: every fit opened
+a region that nothing freed, so the 257th DDP fit ran eagerly (`accumulated_recompile_limit`),
+and every fit compiled again. No other code is touched: a function the user compiled keeps all
+of its own entries. The cost, with the reset: 30 DDP fits of one model class in one process
+compile 1 graph on torch 2.13, as master; on torch 2.6.0, where Dynamo guards on the wrapper
+object itself, 30 (master: 1). Other code that a process's many models of other shapes share
+(the step methods of one class, without a wrapper) reaches the limit as on master, and the docs
+say to call `torch.compiler.reset()` between such fits.
+
+This needs a maintainer's sign-off on the private torch names it uses, none of which has a
+public equivalent, each with what happens without it:
+- `torch._C._dynamo.eval_frame._debug_get_cache_entry_list` and `reset_code` (tested on 2.6.0,
+  2.9.1 and 2.13.0), for the reset above. A torch without either gets a warning that names
+  `torch.compiler.reset()`, and no reset; the fit runs as before (a test deletes each).
+- `wrapped_forward`, found among the code objects nested in `_ForwardRedirection.__call__`: if
+  the redirection is refactored, the same warning, not an error.
+- `nn.Module._compiled_call_impl`, where `nn.Module.compile` keeps the compiled call: popped
+  from the wrapper to undo the compile, since torch has no public way to uncompile a module (a
+  test fails first if torch renames it).
+`reset_code` drops entries of code that every run shares, for the whole process: another
+Trainer of the same process compiles its next step through the redirection again (one compile,
+no other effect).
+
+Tests: `test_trainer_reapply_compile.py`, whose tests that fail on master cover the compile
+point (the wrapper's forward compiled, on one and two processes), the backend object, the
+reset, the signatures and the undo; the others guard what master already does and the re-apply
+must keep (the tuner's trials compiled, each stage compiling its step once, a run that raises
+undone). `ddp_spawn` with a compiled model, which failed to pickle on master, is run by the test
+on two processes.
 
 What it buys, and on which torch: Fabric's behaviour, and PyTorch's advice to compile the
 wrapped module. From torch 2.9 (tested; 2.7 and 2.8 not run) DDP's forward pre-hooks and its

@@ -166,7 +166,11 @@ def test_the_wrapper_itself_runs_compiled(tmp_path):
 
 @RunIf(min_torch="2.9", dynamo=True, skip_windows=True)
 def test_the_wrapper_itself_runs_compiled_on_two_processes(tmp_path):
-    """As #20269's tests did on 2 GPUs: DDP over 2 processes (gloo on CPU), each compiled after the wrap."""
+    """As #20269's tests did on 2 GPUs: DDP over 2 processes (gloo on CPU), each compiled after the wrap.
+
+    ``ddp_spawn`` pickles the model for its processes: a compiled one failed to pickle before the re-apply.
+
+    """
     probe = IsCompilingInWrapperForward(out=tmp_path)
     kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0, "devices": 2}
     trainer = Trainer(default_root_dir=tmp_path, strategy="ddp_spawn", callbacks=[probe], **kwargs)
@@ -191,6 +195,19 @@ def test_a_process_that_fits_many_models_compiles_every_fit(tmp_path, strategy):
         Trainer(default_root_dir=tmp_path, strategy=strategy, **kwargs).fit(torch.compile(model, backend=backend))
         calls.append(backend.calls - before)
     assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
+
+
+@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
+@pytest.mark.parametrize("name", ["_debug_get_cache_entry_list", "reset_code"])
+def test_a_torch_without_the_per_code_reset_warns_and_the_fit_runs_compiled(tmp_path, monkeypatch, name):
+    """The reset of the redirection's entries uses private names of Dynamo: a torch without one warns, and trains."""
+    monkeypatch.delattr(torch._C._dynamo.eval_frame, name)
+    backend = CountingBackend()
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", **_TRAINER_KWARGS)
+    with pytest.warns(UserWarning, match=r"no per-code reset.*torch.compiler.reset\(\)"):
+        trainer.fit(torch.compile(BoringModel(), backend=backend))
+    assert backend.calls > 0
+    assert trainer.state.finished
 
 
 @RunIf(min_torch="2.6", dynamo=True)
