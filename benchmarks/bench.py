@@ -5,11 +5,11 @@
     python benchmarks/bench.py --smoke --out /tmp/x   # tiny, aot_eager, a few steps: what CI runs
 
 Paths (``--paths``), each under each strategy (``--strategies``: ``auto`` is one device, ``ddp`` DDP on one device):
-``eager`` (``use_compile=None``); ``stock``, Lightning's own path (``use_compile=False`` and ``fit(torch.compile(
-model))``, logging after the step, which stock Lightning can compile); ``stock_logging``, the same with ``self.log``
-inside the step; ``whole`` (``use_compile=True``); ``regional`` (``{"regions": "auto"}``); ``cache_warm``
-(``{"cache": DIR}``: one process fills ``DIR``, reported as ``cache_cold``, a second one starts from it); and
-``plain_loop``, no Lightning, once, the ceiling every table compares with. Writes MODE.json and MODE.md into
+``eager`` (``use_compile=None``); ``stock``, Lightning's own path (``fit(from_compiled(torch.compile(model)))``:
+the steps compiled before the wrap; logging after the step, which stock Lightning can compile); ``stock_logging``, the
+same with ``self.log`` inside the step; ``whole`` (``use_compile=True``); ``regional`` (``{"regions": "auto"}``);
+``cache_warm`` (``{"cache": DIR}``: one process fills ``DIR``, reported as ``cache_cold``, a second one starts from
+it); and ``plain_loop``, no Lightning, once, the ceiling every table compares with. Writes MODE.json and MODE.md into
 ``--out``.
 """
 
@@ -65,7 +65,7 @@ def use_compile_for(path: str, backend: str, cache_dir: Path) -> Any:
     backend_kw = {} if backend == "inductor" else {"backend": backend}
     cache = {"cache": str(cache_dir), **backend_kw}
     if path in ("eager", "plain_loop", "stock", "stock_logging"):
-        return False if path.startswith("stock") else None
+        return None  # `stock` passes `from_compiled(torch.compile(model))`: Lightning's own placement
     return {"whole": backend_kw or True, "regional": {"regions": "auto", **backend_kw}}.get(path, cache)
 
 

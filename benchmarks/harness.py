@@ -39,6 +39,7 @@ import lightning  # noqa: E402
 import lightning_compile_patch  # noqa: E402  (patches the Trainer: `use_compile`)
 from lightning.pytorch import Callback, Trainer  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
+from lightning.pytorch.utilities.compile import from_compiled  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # the demo's GPT, outside the wheel
 from gpt import GPT, GPTConfig, GPTModule, NextTokenData, parameter_count  # noqa: E402
@@ -73,7 +74,7 @@ class RunSpec:
     strategy: Optional[str] = "auto"
     precision: str = "32-true"
     use_compile: Any = None
-    compile_input: bool = False  # fit(torch.compile(model)): Lightning's own path
+    compile_input: bool = False  # fit(from_compiled(torch.compile(model))): Lightning's own path
     compile_backend: str = "inductor"  # of the compiles made here (the stock input, the plain loop)
     log_in_step: bool = True  # False: log after the step (stock Lightning cannot compile `self.log` on torch 2.13)
     threads: Optional[int] = None  # torch threads per rank; None: torch's default
@@ -305,7 +306,7 @@ def run_lightning(spec: RunSpec, device: torch.device) -> Optional[dict[str, Any
     DDPOptimizer.compile_fn = compile_fn
     options = dict(accelerator=spec.accelerator, devices=spec.devices, precision=spec.precision, max_steps=steps)
     trainer = Trainer(strategy=strategy, use_compile=spec.use_compile, callbacks=[timer], **options, **QUIET)
-    trainer.fit(torch.compile(module, backend=spec.compile_backend) if spec.compile_input else module)
+    trainer.fit(from_compiled(torch.compile(module, backend=spec.compile_backend)) if spec.compile_input else module)
     if trainer.global_rank != 0:
         return None
     summary = lightning_compile_patch.last_summary(trainer)

@@ -66,7 +66,7 @@ def _src_lines_added(patch_file: Path) -> int:
     )
 
 
-@pytest.mark.parametrize(("subject", "most"), [("REAPPLY", 170), ("USE_COMPILE", 120)])
+@pytest.mark.parametrize(("subject", "most"), [("REAPPLY", 170), ("USE_COMPILE", 125)])
 def test_the_rungs_a_maintainer_would_merge_stay_small(subject, most):
     # Fabric's re-apply (#19280) was 94 src lines; the re-apply adds its connector (about 75 lines with docstrings,
     # 13 of license), the Trainer's calls, the strategy check (its body moved into a function of its own, which the

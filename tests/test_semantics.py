@@ -4,7 +4,7 @@
 |---------------|----------------------------|---------------------------------------------------------------|
 | `None`        | plain LightningModule      | nothing is compiled: stock Lightning                          |
 | `None`        | `torch.compile(model, **kw)` | unwrap, re-apply the same kwargs after the strategy wraps   |
-| `False`       | any                        | exactly stock Lightning                                       |
+| `False`       | plain LightningModule      | nothing is compiled; a compiled model is refused              |
 | `True`        | plain, or compiled alike   | compile after the wrap with torch.compile's defaults          |
 | dict          | plain, or compiled alike   | the same, with these kwargs; compiled otherwise: refused      |
 """
@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from helpers import QUIET, CountingBackend, LoggingModel, StateProbe, dynamo_stats, leftovers
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.utilities.compile import from_compiled
 
 STRATEGIES = ["auto", "ddp"]
 
@@ -67,11 +68,21 @@ def test_none_and_compiled_model_reapplies_its_kwargs_after_the_wrap(strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_false_and_compiled_model_is_stock_lightning(strategy):
+def test_false_refuses_a_compiled_model_before_the_run(strategy):
+    backend = CountingBackend("false")
+    model = BoringModel()
+    trainer = Trainer(strategy=strategy, use_compile=False, **QUIET)
+    with pytest.raises(ValueError, match=r"`Trainer\(use_compile=False\)` asks for no compile.*`model._orig_mod`"):
+        trainer.fit(torch.compile(model, backend=backend))
+    assert trainer.global_step == 0
+    assert backend.graphs == 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_none_and_a_model_compiled_with_from_compiled_is_stock_lightning(strategy):
     backend = CountingBackend("stock")
-    compiled = torch.compile(BoringModel(), backend=backend)
-    _, seen, _ = fit(compiled, strategy, False)
-    # stock Lightning compiles the LightningModule's methods before the wrap, and never the wrapper
+    _, seen, _ = fit(from_compiled(torch.compile(BoringModel(), backend=backend)), strategy, None)
+    # stock Lightning's placement: the LightningModule's methods compiled before the wrap, never the wrapper
     assert seen["train"]["stock_compiled"]
     assert not seen["train"]["wrapper_compiled"]
     assert seen["train"]["compiled_steps"] == ["predict_step", "test_step", "training_step", "validation_step"]

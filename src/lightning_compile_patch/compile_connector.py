@@ -220,15 +220,13 @@ class _CompileConnector:
             return model  # the stage reuses the Trainer's model, and with it the compiled input's arguments
         self._input_kwargs = None
         # [ladder use_compile]
-        if self.enabled:
+        if self.use_compile is not None:
             # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)
             _verify_one_compile(model, self.use_compile, self.options.torch_kwargs)  # [ladder features]
         # [/ladder]
         if not isinstance(model, OptimizedModule) or not _TORCH_GREATER_EQUAL_2_6:
             return model
         # [ladder use_compile]
-        if self.use_compile is False:  # the previous behavior: Lightning compiles the steps before the wrap
-            return model
         if self.enabled:  # compiled with `use_compile`'s own arguments: compiled once, after the wrap
             return model._orig_mod
         # [/ladder]
@@ -504,19 +502,27 @@ def _feature_classes() -> tuple[type[_CompileFeature], ...]:
 # [/ladder]
 # [ladder use_compile]
 def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any]) -> None:
-    """Refuses a model compiled by hand otherwise than ``use_compile`` says: which of the two to run is unclear."""
+    """Refuses a model compiled by hand that ``use_compile`` asks otherwise of: which of the two to run is unclear."""
     given = getattr(model, "_compile_kwargs", None)
-    if isinstance(model, OptimizedModule) and (given is None or dict(given) != dict(kwargs)):
+    if isinstance(model, OptimizedModule):
+        if use_compile is not False and given is not None and _explicit(given) == _explicit(kwargs):
+            return  # the compile that `use_compile` asks for
         how = "before `lightning` was imported" if given is None else f"with `torch.compile(model, **{dict(given)})`"
     elif getattr(model, "_compiler_ctx", None) is not None:
         how = "with `from_compiled`"
     else:
         return
+    asks = "no compile" if use_compile is False else "a compile of its own"
     raise ValueError(
-        f"The model passed in was compiled {how}, and `Trainer(use_compile={use_compile!r})` asks for a compile of"
-        " its own. Pass the uncompiled model (`model._orig_mod`, or `to_uncompiled(model)`) to compile it as"
-        " `use_compile` says, or remove `use_compile`."
+        f"The model passed in was compiled {how}, and `Trainer(use_compile={use_compile!r})` asks for {asks}. Pass"
+        " the uncompiled model (`model._orig_mod`, or `to_uncompiled(model)`), or remove `use_compile`."
     )
+
+
+def _explicit(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``torch.compile`` arguments without those that have its default value."""
+    defaults = {name: p.default for name, p in inspect.signature(torch.compile).parameters.items()}
+    return {key: value for key, value in kwargs.items() if key not in defaults or value != defaults[key]}
 
 
 def _torch_compile_keys() -> list[str]:

@@ -472,8 +472,7 @@ USE_COMPILE = Patch(
 after the wrap; `Trainer(use_compile=True | dict)` does the same for any model, with the
 defaults of `torch.compile` or with the arguments in the dict, which `torch.compile` itself
 checks when the Trainer is built (a dry call that builds the backend), so that a typo fails at
-`Trainer(...)` rather than minutes into the run. `use_compile=False` keeps the behavior before
-the previous patch: Lightning compiles the steps of a compiled model before the wrap.
+`Trainer(...)` rather than minutes into the run. `use_compile=False` compiles nothing.
 
 Who needs a flag rather than `fit(torch.compile(model))`: LightningCLI and YAML configs, which
 build the model and cannot wrap it in `torch.compile` (#17283 got CLI workarounds), and
@@ -485,16 +484,26 @@ the wrap. A model whose layers are built in `configure_model` does not need the 
 after `fit` (pass the compiled model again).
 
 The question for the maintainers: #15914 (`Trainer(compile=...)`) was closed for #15922 ("pass
-`torch.compile(model)`"). Is a Trainer argument acceptable for configuration-driven compiles
-alone? If not, this patch stays out; the previous one stands alone.
+`torch.compile(model)`"). With the previous patch merged, is a Trainer argument worth having for
+configuration-driven compiles? The alternatives, without one:
+- `fit(torch.compile(model))`, which the previous patch compiles after the wrap: a config-built
+  model cannot be wrapped without code (a custom `LightningCLI` subclass, a library's option);
+- compiling in `configure_model`: before the wrap for DDP (master's placement), and lazy
+  layers only;
+- a user `Callback` that compiles `trainer.strategy.model` in `setup`: it runs after the
+  wrap, but every user would have to undo it, keep `isinstance` checks and the step signatures,
+  and compile before the tuner's trials (not tried here).
+If the answer is no, this patch stays out and the previous one stands alone.
 
-Decided here for the review, each a small change if the maintainers prefer otherwise:
-- `False` stays, as the way back to the compile before the wrap for a compiled model (on torch
-  2.6, where Dynamo guards on the wrapper object, the previous patch compiles each DDP fit of a
-  new model again); it never compiles a plain model.
-- A model compiled by hand otherwise than `use_compile` says (other arguments, `from_compiled`,
-  or compiled before `lightning` was imported) is refused when the run starts, before anything
-  runs, rather than compiled with `use_compile`'s arguments after a warning.
+Proposed for the review, each a small change if the maintainers prefer otherwise:
+- three values: `None` (default: a compiled model passed in is compiled after the wrap), `True`
+  or a dict (every model compiled after the wrap), `False` (nothing compiled). The previous
+  behaviour for a compiled model, its steps compiled before the wrap, stays reachable without
+  the flag: `fit(from_compiled(torch.compile(model)))`.
+- A model compiled by hand that the flag disagrees with (`False`, other arguments once
+  `torch.compile`'s defaults are left out, `from_compiled`, or compiled before `lightning` was
+  imported) is refused when the run starts, before anything runs, rather than one of the two
+  compiles picked with a warning. The same arguments are taken: compiled once.
 
 `use_compile` needs torch 2.6, the oldest it is tested with, and is refused at `Trainer(...)`
 before that, as is a strategy that cannot run compiled (DeepSpeed).""",

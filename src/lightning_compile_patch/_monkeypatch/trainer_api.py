@@ -19,10 +19,10 @@ DOC = """\
 use_compile: Compile the model with ``torch.compile`` after the strategy has wrapped it (DDP, FSDP),
     so that the compiled region covers the whole step the strategy runs, in every stage (fit,
     validate, test, predict). ``True`` uses the defaults of ``torch.compile``; a dict passes its keys
-    to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``, ...); a
-    model compiled by hand is taken only with the same arguments. ``False`` compiles a compiled
-    model's steps before the wrap, as before. With ``None``, a model that was compiled before it was
-    passed to the Trainer is compiled again with the same arguments after the wrap.
+    to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``, ...).
+    ``False`` compiles nothing. With ``None``, a model that was compiled before it was passed to the
+    Trainer is compiled again with the same arguments after the wrap; otherwise a model compiled by
+    hand is refused, unless with the same arguments.
     Default: ``None``."""
 
 

@@ -187,7 +187,7 @@ def failure_message(connector: _CompileConnector, error: BaseException, fallback
         return message
     return (
         f"{message} Every module is left uncompiled. Pass `'fallback': 'eager'` in `use_compile` to continue"
-        " uncompiled with a warning instead, or `use_compile=False` to leave compilation to Lightning."
+        " uncompiled with a warning instead, or remove `use_compile` to train uncompiled."
     )
 
 

@@ -19,6 +19,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.cli import _JSONARGPARSE_SIGNATURES_AVAILABLE, LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.compile import from_compiled
 from tests_pytorch.helpers.runif import RunIf
@@ -275,18 +276,44 @@ def test_use_compile_compiles_before_the_hooks_that_run_steps(tmp_path):
     assert all(model.calls), model.calls  # every batch ran compiled graphs, the finder's too
 
 
-@RunIf(dynamo=True)
-def test_use_compile_false_keeps_the_default_behavior(tmp_path):
-    compiled = torch.compile(BoringModel(), backend="eager")
+class RecordsCompiling(BoringModel):
+    """Records whether each training step ran compiled."""
+
+    def __init__(self):
+        super().__init__()
+        self.compiling = []
+
+    def training_step(self, batch, batch_idx):
+        self.compiling.append(torch.compiler.is_compiling())
+        return super().training_step(batch, batch_idx)
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+def test_use_compile_false_compiles_nothing(tmp_path):
+    model = RecordsCompiling()
     trainer = Trainer(default_root_dir=tmp_path, use_compile=False, **_TRAINER_KWARGS)
-    trainer.fit(compiled)
-    assert trainer.lightning_module._compiler_ctx["compiler"] == "dynamo"
+    trainer.fit(model)
+    assert model.compiling == [False, False]  # each training step ran uncompiled
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.skipif(not _JSONARGPARSE_SIGNATURES_AVAILABLE, reason="jsonargparse[signatures] is not installed")
+def test_use_compile_from_a_lightning_cli_config(tmp_path):
+    """What the flag serves: a config builds the model, so it cannot wrap it in ``torch.compile`` itself."""
+    config = tmp_path / "compile.yaml"
+    config.write_text("trainer:\n  use_compile:\n    backend: eager\n    dynamic: false\n")
+    limits = [f"--trainer.{key}={value}" for key, value in {**_TRAINER_KWARGS, "default_root_dir": tmp_path}.items()]
+    cli = LightningCLI(RecordsCompiling, run=False, args=["--config", str(config), *limits])
+    assert cli.config.trainer.use_compile == {"backend": "eager", "dynamic": False}
+    cli.trainer.fit(cli.model)
+    assert cli.model.compiling == [True, True]  # each training step ran compiled
+    assert LightningCLI(BoringModel, run=False, args=["--trainer.use_compile=true"]).config.trainer.use_compile is True
 
 
 @RunIf(min_torch="2.6", dynamo=True)
 def test_use_compile_takes_a_model_compiled_with_the_same_arguments(tmp_path):
     backend = CountingBackend()
-    compiled = torch.compile(BoringModel(), backend=backend)
+    compiled = torch.compile(BoringModel(), backend=backend, fullgraph=False)  # `fullgraph=False`: the default
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": backend}, **_TRAINER_KWARGS)
     trainer.fit(compiled)
     assert backend.graphs == 2  # once, after the wrap: the training and the validation step
@@ -308,11 +335,15 @@ def _compiled_before_lightning_was_imported(model):
         (lambda model: from_compiled(torch.compile(model, backend="eager")), "compiled with `from_compiled`"),
     ],
 )
-def test_use_compile_refuses_a_model_compiled_otherwise_before_the_run(tmp_path, compile_by_hand, match):
+@pytest.mark.parametrize(
+    ("use_compile", "asks"), [({"backend": "eager"}, "a compile of its own"), (False, "no compile")]
+)
+def test_use_compile_refuses_a_model_compiled_otherwise(tmp_path, compile_by_hand, match, use_compile, asks):
+    """Before the run: which of the two compiles to run is not guessed."""
     model = BoringModel()
     weights = _weights(model)
-    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS)
-    with pytest.raises(ValueError, match=f"{match}.*Pass the uncompiled model"):
+    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **_TRAINER_KWARGS)
+    with pytest.raises(ValueError, match=f"{match}.*asks for {asks}. Pass the uncompiled model"):
         trainer.fit(compile_by_hand(model))
     assert trainer.global_step == 0
     for expected, actual in zip(weights, _weights(model), strict=True):
