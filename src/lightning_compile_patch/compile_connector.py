@@ -241,8 +241,8 @@ class _CompileConnector:
         self._input_kwargs = dict(compile_kwargs or {})
         return module
 
-    # [ladder !use_compile] def on_run_start(self) -> None:
-    def on_run_start(self, model: "pl.LightningModule") -> None:  # [ladder use_compile]
+    # [ladder !features] def on_run_start(self) -> None:
+    def on_run_start(self, model: "pl.LightningModule") -> None:  # [ladder features]
         """Decides what this run compiles, before the strategy sets the model up."""
         # [ladder !use_compile] given = self._input_kwargs
         # [ladder !features use_compile] given = self.compile_kwargs if self.enabled else self._input_kwargs
@@ -290,13 +290,13 @@ class _CompileConnector:
         if wrapper is not module and kwargs.get("fullgraph"):
             # DDP's own forward calls into its C++ reducer, which no graph can hold: its steps are compiled inside it
             rank_zero_info("`fullgraph=True`: the steps are compiled inside the strategy's wrapper, not the wrapper.")
-        elif wrapper is not module:
+        elif wrapper is not module and (reset := _redirection_reset()) is not None:
             # DDP, FSDP: the strategy calls every step through the wrapper's forward, so the wrapper's own forward is
             # traced with the step and the loss (DDP's: from torch 2.9, with graph breaks at its C++ reducer calls)
             wrapper.compile(**kwargs)
             # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
             self.defer(wrapper.__dict__.pop, "_compiled_call_impl", None)
-            self.defer(_redirection_reset())
+            self.defer(reset)
             # [ladder features]
             compiled = wrapper._compiled_call_impl
             assert compiled is not None
@@ -418,13 +418,13 @@ class _CompileConnector:
     # [ladder !features]             stack.callback(step)
 
 
-def _redirection_reset() -> Callable[[], None]:
+def _redirection_reset() -> Optional[Callable[[], None]]:
     """What drops, when the run ends, the entries of Lightning's forward redirection past half of the recompile limit.
 
     Each run's wrapper is a new object, which Dynamo guards on in the redirection's ``wrapped_forward``, code that every
     run shares: a process that fits many models under DDP would reach Dynamo's recompile limit there, and run its later
     fits without compiled code. Through Dynamo's private per-code reset: torch has no public way to drop one code
-    object's entries. A torch without it gets a warning and no reset.
+    object's entries. ``None`` on a torch without it: the steps are then compiled inside the wrapper, as before.
 
     """
     eval_frame, config = torch._C._dynamo.eval_frame, torch._dynamo.config
@@ -434,10 +434,10 @@ def _redirection_reset() -> Callable[[], None]:
     codes = [c for c in nested if isinstance(c, types.CodeType) and c.co_name == "wrapped_forward"]
     if entries is None or reset_code is None or len(codes) != 1:
         rank_zero_warn(
-            f"torch {torch.__version__} has no per-code reset Lightning knows, so a process that fits many compiled"
-            " models under DDP may run its later fits uncompiled. Call `torch.compiler.reset()` between such fits."
+            f"torch {torch.__version__} lacks the private per-code reset that the compile of the strategy's wrapper"
+            " needs, so the steps are compiled inside the wrapper instead, as in Lightning before."
         )
-        return lambda: None
+        return None
     [code] = codes
 
     def reset() -> None:
@@ -540,8 +540,8 @@ def _parse_use_compile(use_compile: Any, feature_keys: dict[str, str]) -> _Compi
             f"`Trainer(use_compile={use_compile!r})` is not supported: pass `True`, `False`, `None` or a dict of"
             f" `torch.compile` arguments such as `use_compile={{'mode': 'max-autotune'}}`."
         )
-    torch_keys = _torch_compile_keys()
-    # [ladder !features] known = torch_keys
+    # [ladder !features] known = _torch_compile_keys()
+    torch_keys = _torch_compile_keys()  # [ladder features]
     known = [*torch_keys, *feature_keys]  # [ladder features]
     for key in use_compile:
         if key not in known:

@@ -316,7 +316,8 @@ _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, after the"
     " strategy wraps it, so that the DDP or FSDP wrapper itself is compiled, as in Fabric (DDP's own forward is traced"
     " from PyTorch 2.9); the LightningModule passed in is no longer left compiled after the run (its `_compiler_ctx` is"
-    f" `None`) {ISSUE}\n"
+    " `None`): pass the compiled model again to run `validate`, `test` or `predict` compiled"
+    f" {ISSUE}\n"
 )
 
 REAPPLY = Patch(
@@ -363,10 +364,12 @@ say to call `torch.compiler.reset()` between such fits.
 This needs a maintainer's sign-off on the private torch names it uses, none of which has a
 public equivalent, each with what happens without it:
 - `torch._C._dynamo.eval_frame._debug_get_cache_entry_list` and `reset_code` (tested on 2.6.0,
-  2.9.1 and 2.13.0), for the reset above. A torch without either gets a warning that names
-  `torch.compiler.reset()`, and no reset; the fit runs as before (a test deletes each).
-- `wrapped_forward`, found among the code objects nested in `_ForwardRedirection.__call__`: if
-  the redirection is refactored, the same warning, not an error.
+  2.9.1 and 2.13.0), for the reset above, and `wrapped_forward`, found among the code objects
+  nested in `_ForwardRedirection.__call__`. The wrapper is compiled only where all three are
+  found; on a torch without them, or after a refactor of the redirection, the steps are
+  compiled inside the wrapper instead, as on master (with `fullgraph=True` too), with a
+  warning: a process's later fits stay compiled, as master's do (a test deletes each name and
+  fits 10 models of 10 widths under DDP: every fit compiled, the wrapper's forward not).
 - `nn.Module._compiled_call_impl`, where `nn.Module.compile` keeps the compiled call: popped
   from the wrapper to undo the compile, since torch has no public way to uncompile a module (a
   test fails first if torch renames it).
@@ -374,12 +377,14 @@ public equivalent, each with what happens without it:
 Trainer of the same process compiles its next step through the redirection again (one compile,
 no other effect).
 
-Tests: `test_trainer_reapply_compile.py`, whose tests that fail on master cover the compile
-point (the wrapper's forward compiled, on one and two processes), the backend object, the
-reset, the signatures and the undo; the others guard what master already does and the re-apply
-must keep (the tuner's trials compiled, each stage compiling its step once, a run that raises
-undone). `ddp_spawn` with a compiled model, which failed to pickle on master, is run by the test
-on two processes.
+Tests: `test_trainer_reapply_compile.py`. Those that fail on master (8) check the compile point
+(the wrapper's forward runs compiled, on one process and on two with `ddp_spawn`, whose pickling
+of a compiled model failed on master), the undo (nothing compiled left on the model after a run,
+and after a run that raises) and the fallback without the private names. The others pass on
+master and guard what the re-apply must keep: the steps' signatures, the user's backend object
+compiling again (fixed by the previous patch), a process that fits many models compiling every
+fit (what the reset keeps), the tuner's trials compiled (a compile after the `on_fit_start`
+hooks fails it), and each stage compiling its step once.
 
 What it buys, and on which torch: Fabric's behaviour, and PyTorch's advice to compile the
 wrapped module. From torch 2.9 (tested; 2.7 and 2.8 not run) DDP's forward pre-hooks and its
@@ -490,9 +495,12 @@ configuration-driven compiles? The alternatives, without one:
   model cannot be wrapped without code (a custom `LightningCLI` subclass, a library's option);
 - compiling in `configure_model`: before the wrap for DDP (master's placement), and lazy
   layers only;
-- a user `Callback` that compiles `trainer.strategy.model` in `setup`: it runs after the
-  wrap, but every user would have to undo it, keep `isinstance` checks and the step signatures,
-  and compile before the tuner's trials (not tried here).
+- a `Callback` that compiles `trainer.strategy.model`, which a config sets through
+  `trainer.callbacks`: its `setup` runs before the wrap, and its `on_fit_start` after the
+  tuner's trials (the callback connector moves `LearningRateFinder` and `BatchSizeFinder`
+  first), which would run uncompiled; it would undo the compile in every stage itself. One
+  shipped by Lightning (as `StochasticWeightAveraging` is) is the closest alternative to a flag,
+  given a place before the tuner's callbacks.
 If the answer is no, this patch stays out and the previous one stands alone.
 
 Proposed for the review, each a small change if the maintainers prefer otherwise:
@@ -542,11 +550,6 @@ before that, as is a strategy that cannot run compiled (DeepSpeed).""",
             TRAINER,
             "        self._compile_connector = _CompileConnector(self)\n",
             "        self._compile_connector = _CompileConnector(self, use_compile)\n",
-        ),
-        Replace(
-            TRAINER,
-            "        self._compile_connector.on_run_start()\n",
-            "        self._compile_connector.on_run_start(model)\n",
         ),
         Replace(
             TRAINER,
@@ -605,6 +608,11 @@ during the run does not: it compiles again after it). This patch adds no feature
     layers=("features",),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
     edits=(
+        Replace(
+            TRAINER,
+            "        self._compile_connector.on_run_start()\n",
+            "        self._compile_connector.on_run_start(model)\n",
+        ),
         InsertAfter(
             COMPILE_DOCS,
             "The dict takes the arguments of ``torch.compile``",

@@ -199,15 +199,23 @@ def test_a_process_that_fits_many_models_compiles_every_fit(tmp_path, strategy):
 
 @RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
 @pytest.mark.parametrize("name", ["_debug_get_cache_entry_list", "reset_code"])
-def test_a_torch_without_the_per_code_reset_warns_and_the_fit_runs_compiled(tmp_path, monkeypatch, name):
-    """The reset of the redirection's entries uses private names of Dynamo: a torch without one warns, and trains."""
+def test_a_torch_without_the_per_code_reset_compiles_the_steps_inside_the_wrapper(tmp_path, monkeypatch, name):
+    """The compile of the wrapper needs Dynamo's private per-code reset (above): on a torch without it, the steps are
+    compiled inside the wrapper, as before the re-apply, so a process's later fits are compiled too."""
     monkeypatch.delattr(torch._C._dynamo.eval_frame, name)
-    backend = CountingBackend()
-    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", **_TRAINER_KWARGS)
-    with pytest.warns(UserWarning, match=r"no per-code reset.*torch.compiler.reset\(\)"):
-        trainer.fit(torch.compile(BoringModel(), backend=backend))
-    assert backend.calls > 0
-    assert trainer.state.finished
+    backend, probe = CountingBackend(), IsCompilingInWrapperForward()
+    calls = []
+    for width in range(8, 18):  # 10 fits: from the 9th, one past the default recompile limit of 8
+        model = BoringModel()
+        model.layer = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.Linear(width, 2))
+        before = backend.calls
+        kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
+        trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[probe], **kwargs)
+        with pytest.warns(UserWarning, match="the steps are compiled inside the wrapper instead"):
+            trainer.fit(torch.compile(model, backend=backend))
+        calls.append(backend.calls - before)
+    assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
+    assert probe.seen == [False] * 20  # the wrapper's own forward ran uncompiled
 
 
 @RunIf(min_torch="2.6", dynamo=True)
