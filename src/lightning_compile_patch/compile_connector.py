@@ -433,9 +433,10 @@ def _redirection_reset() -> Optional[Callable[[], None]]:
     nested = _ForwardRedirection.__call__.__code__.co_consts
     codes = [c for c in nested if isinstance(c, types.CodeType) and c.co_name == "wrapped_forward"]
     if entries is None or reset_code is None or len(codes) != 1:
+        missing = f"torch {torch.__version__} has no per-code reset" if codes else "no `wrapped_forward` was found"
         rank_zero_warn(
-            f"torch {torch.__version__} lacks the private per-code reset that the compile of the strategy's wrapper"
-            " needs, so the steps are compiled inside the wrapper instead, as in Lightning before."
+            f"The compile of the strategy's wrapper needs Dynamo's private per-code reset on Lightning's forward"
+            f" redirection, and {missing}: the steps are compiled inside the wrapper instead, as in Lightning before."
         )
         return None
     [code] = codes
@@ -520,9 +521,10 @@ def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any])
 
 
 def _explicit(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``torch.compile`` arguments without those that have its default value."""
+    """``torch.compile`` arguments without those that have its default value (``mode="default"`` is ``mode=None``)."""
     defaults = {name: p.default for name, p in inspect.signature(torch.compile).parameters.items()}
-    return {key: value for key, value in kwargs.items() if key not in defaults or value != defaults[key]}
+    explicit = {key: value for key, value in kwargs.items() if value != defaults.get(key, inspect.Parameter.empty)}
+    return {key: value for key, value in explicit.items() if (key, value) != ("mode", "default")}
 
 
 def _torch_compile_keys() -> list[str]:

@@ -130,7 +130,7 @@ def _verify_strategy_can_compile(strategy: Strategy) -> None:
             f" Only {supported_strategy_names} support compilation. Either switch to one of the supported"
             # [ladder !use_compile] " strategies or avoid passing in compiled model."
             # [ladder use_compile]
-            " strategies, or do not pass a compiled model or set `Trainer(use_compile=...)`."
+            " strategies, or pass the model uncompiled and without `Trainer(use_compile=...)`."
             # [/ladder]
         )
 

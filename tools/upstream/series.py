@@ -330,6 +330,12 @@ forward ran outside the compiled code, and the docs say the Trainer does not rea
 (`_reapply_compile`, #19280); when #20269 (a `reapply_compile` flag) was closed, the
 maintainers asked for this whenever the model passed in is compiled, with no new argument.
 
+Needed before merge, from the maintainers: a sign-off on the private torch names it uses (listed
+below, with what happens without each), and a run of its standalone 2-GPU tests (DDP and FSDP),
+which could not be run for this PR: no GPU was available, so the FSDP wrapper's compile has
+never run (Lightning refuses FSDP on CPU). Its tests and Lightning's own tests of the files it
+touches pass on CPU (torch 2.13.0; 2.9.1 with DeepSpeed).
+
 The model is now unwrapped (Fabric's `_unwrap_compiled`) when it is passed to
 `fit`/`validate`/`test`/`predict`, and compiled again, in place and with the same arguments,
 right after `strategy.setup` and before any hook that runs a step (the tuner's trials run in
@@ -501,6 +507,11 @@ configuration-driven compiles? The alternatives, without one:
   first), which would run uncompiled; it would undo the compile in every stage itself. One
   shipped by Lightning (as `StochasticWeightAveraging` is) is the closest alternative to a flag,
   given a place before the tuner's callbacks.
+- a `LightningCLI` option that wraps the model it builds in `torch.compile`: the Trainer
+  unchanged, but libraries that build their own Trainer are not covered.
+What a flag costs: a longer Trainer signature, and a dict that mirrors `torch.compile`'s
+arguments, which change between torch versions (2.13 added `recompile_limit` and
+`isolate_recompiles`): the dict takes what the installed torch's `torch.compile` takes.
 If the answer is no, this patch stays out and the previous one stands alone.
 
 Proposed for the review, each a small change if the maintainers prefer otherwise:

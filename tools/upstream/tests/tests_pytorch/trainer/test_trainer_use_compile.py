@@ -311,9 +311,10 @@ def test_use_compile_from_a_lightning_cli_config(tmp_path):
 
 
 @RunIf(min_torch="2.6", dynamo=True)
-def test_use_compile_takes_a_model_compiled_with_the_same_arguments(tmp_path):
+@pytest.mark.parametrize("default", [{"fullgraph": False}, {"mode": "default"}])
+def test_use_compile_takes_a_model_compiled_with_the_same_arguments(tmp_path, default):
     backend = CountingBackend()
-    compiled = torch.compile(BoringModel(), backend=backend, fullgraph=False)  # `fullgraph=False`: the default
+    compiled = torch.compile(BoringModel(), backend=backend, **default)  # torch.compile's default: the same arguments
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": backend}, **_TRAINER_KWARGS)
     trainer.fit(compiled)
     assert backend.graphs == 2  # once, after the wrap: the training and the validation step
