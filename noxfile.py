@@ -225,7 +225,7 @@ def parity(session: nox.Session) -> None:
     require_lightning_sources(session, LIGHTNING_MASTER, "LCP_LIGHTNING_MASTER")
     session.install(TORCH)
     session.install(LIGHTNING[0], "pytest>=8", "pytest-xdist>=3.5", "pytest-timeout", "hypothesis", "pyyaml")
-    session.install("jsonargparse[signatures]>=4.39")
+    session.install("jsonargparse[signatures,jsonnet]>=4.39")  # what Lightning master's CLI needs (its CLI tests)
     base = Path(session.create_tmp()) / "lightning-base"
     session.run("python", "tools/lightning_base.py", "--out", str(base))
     session.run("python", "tools/patchset.py", "check", "--base-name", "2.6.6", "--base", str(base))
