@@ -22,6 +22,15 @@ from tests_pytorch.helpers.runif import RunIf
 # `Trainer(use_compile=...)` needs torch 2.6
 pytestmark = RunIf(min_torch="2.6", dynamo=True)
 
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test counts the graphs it compiles from scratch: Dynamo's caches and recompile counts outlive a test, and
+    Lightning's tests share their processes (in Lightning's CI run of the series, the DDP case compiled a third graph
+    only after other tests in its process)."""
+    torch._dynamo.reset()
+
+
 _KWARGS = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False, "limit_predict_batches": 2}
 
 
