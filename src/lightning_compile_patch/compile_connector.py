@@ -504,8 +504,8 @@ def _feature_classes() -> tuple[type[_CompileFeature], ...]:
 # [ladder use_compile]
 def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any]) -> None:
     """Refuses a model compiled by hand that ``use_compile`` asks otherwise of: which of the two to run is unclear."""
-    given = getattr(model, "_compile_kwargs", None)
     if isinstance(model, OptimizedModule):
+        given = getattr(model, "_compile_kwargs", None)
         if use_compile is not False and given is not None and _explicit(given) == _explicit(kwargs):
             return  # the compile that `use_compile` asks for
         how = "before `lightning` was imported" if given is None else f"with `torch.compile(model, **{dict(given)})`"
@@ -523,8 +523,8 @@ def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any])
 def _explicit(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """``torch.compile`` arguments without those that have its default value (``mode="default"`` is ``mode=None``)."""
     defaults = {name: p.default for name, p in inspect.signature(torch.compile).parameters.items()}
-    explicit = {key: value for key, value in kwargs.items() if value != defaults.get(key, inspect.Parameter.empty)}
-    return {key: value for key, value in explicit.items() if (key, value) != ("mode", "default")}
+    defaults["mode"] = "default"  # what `mode=None` means
+    return {key: value for key, value in kwargs.items() if value != defaults.get(key, inspect.Parameter.empty)}
 
 
 def _torch_compile_keys() -> list[str]:

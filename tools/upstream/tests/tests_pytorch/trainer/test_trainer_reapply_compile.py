@@ -179,21 +179,27 @@ def test_the_wrapper_itself_runs_compiled_on_two_processes(tmp_path):
     assert seen == [[True, True], [True, True]]
 
 
+def _compiled_calls_per_fit_of_ten_widths(tmp_path, strategy, backend, callbacks=()):
+    """A sweep in one process: 10 fits of 10 widths, from the 9th one past the default recompile limit of 8."""
+    calls = []
+    for width in range(8, 18):
+        model = BoringModel()
+        model.layer = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.Linear(width, 2))
+        before = backend.calls
+        kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
+        trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=list(callbacks), **kwargs)
+        trainer.fit(torch.compile(model, backend=backend))
+        calls.append(backend.calls - before)
+    return calls
+
+
 @RunIf(min_torch="2.6", dynamo=True)
 @pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
 def test_a_process_that_fits_many_models_compiles_every_fit(tmp_path, strategy):
     """A sweep: Dynamo guards on each fit's new DDP wrapper in Lightning's forward redirection, which every model
     shares; its entries are dropped when a run has grown them past half of the recompile limit, so the 9th fit of
     the process is compiled too."""
-    backend = CountingBackend()
-    calls = []
-    for width in range(8, 18):  # 10 fits: from the 9th, one past the default recompile limit of 8
-        model = BoringModel()
-        model.layer = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.Linear(width, 2))
-        before = backend.calls
-        kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
-        Trainer(default_root_dir=tmp_path, strategy=strategy, **kwargs).fit(torch.compile(model, backend=backend))
-        calls.append(backend.calls - before)
+    calls = _compiled_calls_per_fit_of_ten_widths(tmp_path, strategy, CountingBackend())
     assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
 
 
@@ -203,17 +209,11 @@ def test_a_torch_without_the_per_code_reset_compiles_the_steps_inside_the_wrappe
     """The compile of the wrapper needs Dynamo's private per-code reset (above): on a torch without it, the steps are
     compiled inside the wrapper, as before the re-apply, so a process's later fits are compiled too."""
     monkeypatch.delattr(torch._C._dynamo.eval_frame, name)
-    backend, probe = CountingBackend(), IsCompilingInWrapperForward()
-    calls = []
-    for width in range(8, 18):  # 10 fits: from the 9th, one past the default recompile limit of 8
-        model = BoringModel()
-        model.layer = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.Linear(width, 2))
-        before = backend.calls
-        kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
-        trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[probe], **kwargs)
-        with pytest.warns(UserWarning, match="the steps are compiled inside the wrapper instead"):
-            trainer.fit(torch.compile(model, backend=backend))
-        calls.append(backend.calls - before)
+    probe = IsCompilingInWrapperForward()
+    fallback = "the steps are compiled inside the wrapper instead"
+    with pytest.warns(UserWarning, match=fallback) as warned:
+        calls = _compiled_calls_per_fit_of_ten_widths(tmp_path, "ddp", CountingBackend(), [probe])
+    assert sum(fallback in str(w.message) for w in warned) == 10  # one warning per fit
     assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
     assert probe.seen == [False] * 20  # the wrapper's own forward ran uncompiled
 
