@@ -126,6 +126,61 @@ def test_each_later_patch_adds_one_feature_module_and_edits_no_core_code():
             assert not {edit.path for edit in patch.edits} & core_paths, patch.subject
 
 
+def test_each_fix_adds_its_tests_to_lightnings_own_test_files():
+    # three reviews asked for the fixes' tests beside Lightning's tests of the same code, not in files of their own
+    *fixes, _, _, _ = series.CORE_STACK
+    for fix in fixes:
+        assert not fix.tests, fix.subject
+        added = [edit for edit in fix.edits if isinstance(edit, series.AddTests)]
+        assert added, fix.subject
+        assert all(edit.node_ids() for edit in added), fix.subject
+
+
+_LIGHTNING_TESTS = """\
+import torch
+
+from lightning.pytorch import Trainer
+from tests_pytorch.helpers.runif import RunIf
+
+
+def test_first():
+    pass
+
+
+@RunIf(dynamo=True)
+def test_second():
+    pass
+"""
+
+
+def _added_tests(tmp_path, monkeypatch, source: str) -> str:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_new.py").write_text(source)
+    monkeypatch.setattr(series, "HERE", tmp_path)
+    return patchset.add_tests(_LIGHTNING_TESTS, series.AddTests("tests/test_x.py", "test_new.py", after="test_first"))
+
+
+def test_added_tests_go_after_their_anchor_with_a_new_module_imported_in_order(tmp_path, monkeypatch):
+    source = "import torch\n\nfrom lightning.pytorch.strategies import DDPStrategy\n\n\ndef test_added():\n    pass\n"
+    out = _added_tests(tmp_path, monkeypatch, source)
+    assert out == _LIGHTNING_TESTS.replace(
+        "from lightning.pytorch import Trainer\n",
+        "from lightning.pytorch import Trainer\nfrom lightning.pytorch.strategies import DDPStrategy\n",
+    ).replace("def test_first():\n    pass\n", "def test_first():\n    pass\n\n\ndef test_added():\n    pass\n")
+
+
+@pytest.mark.parametrize(
+    ("source", "match"),
+    [
+        ("from lightning.pytorch import LightningModule\n\n\ndef test_added():\n    pass\n", "lacks"),
+        ("import torch\n\n\ndef test_second():\n    pass\n", "already defines"),
+    ],
+)
+def test_added_tests_refuse_an_import_the_file_lacks_and_a_name_it_has(tmp_path, monkeypatch, source, match):
+    with pytest.raises(ValueError, match=match):
+        _added_tests(tmp_path, monkeypatch, source)
+
+
 def test_drift_is_detected(monkeypatch):
     original = patchset.render_module
 

@@ -10,7 +10,8 @@ it, then runs Lightning's tests the way its CI does: ``cd tests && python -m pyt
 ``PYTHONPATH=src`` (the source tree, not an installed Lightning) and the pytest options of Lightning's pyproject.toml.
 
 The selection: the tests of what the series changes (`utilities/test_compile.py`, `trainer/test_trainer.py`,
-`trainer/connectors/`, `strategies/test_ddp.py`) and every test file that the rung's patches add.
+`trainer/connectors/`, `strategies/test_ddp.py`) and every test file that the rung's patches add or change (Fabric's
+`test_wrappers.py` only from a clone: the archive has no `tests/tests_fabric`, and its changes are left out there).
 
 A rung (``--patches``, repeatable; default ``none``, ``core``, ``all``):
   ``none``        stock Lightning, the baseline that the other rungs are compared with
@@ -123,6 +124,21 @@ def series(directory: Path) -> list[Patch]:
     return sorted(patches, key=lambda p: p.number)
 
 
+def absent_tests(tree: Path, patches: list[Patch]) -> list[str]:
+    """The test files of Lightning's that ``patches`` change and ``tree`` lacks.
+
+    CI's archive of master holds ``tests/tests_pytorch`` alone, and the fixes of Fabric add their tests to
+    ``tests/tests_fabric/test_wrappers.py``: with such a tree, ``git am --exclude`` leaves those changes out.
+    """
+    changed = set()
+    for patch in patches:
+        for section in re.split(r"(?m)^(?=diff --git )", patch.path.read_text())[1:]:
+            path = section.split()[2][2:]
+            if path.startswith("tests/") and "\nnew file mode" not in section.split("\n@@")[0]:
+                changed.add(path)
+    return sorted(path for path in changed if not (tree / path).exists())
+
+
 def rung_patches(spec: str, patches: list[Patch], core_subject: str) -> list[Patch]:
     """The patches of one rung of the ladder: ``none``, ``core``, ``all``, ``N`` (the first N), or ``1,3-5``."""
     if spec == "none":
@@ -232,12 +248,14 @@ def run_rung(args: argparse.Namespace, base: Path, tmp: Path, spec: str, patches
     tree = outcome.tree = tmp / f"rung-{re.sub(r'[^A-Za-z0-9]+', '_', spec)}"
     git(tmp, "clone", "-q", str(base), str(tree))
     if outcome.patches:
-        applied = git(tree, "am", "-3", "-q", *(str(p.path) for p in outcome.patches), check=False)
+        exclude = [f"--exclude={path}" for path in absent_tests(tree, outcome.patches)]
+        applied = git(tree, "am", "-3", "-q", *exclude, *(str(p.path) for p in outcome.patches), check=False)
         if applied.returncode:
             outcome.applied, outcome.apply_error = False, (applied.stdout + applied.stderr).strip()
             git(tree, "am", "--abort", check=False)
             return outcome
-    added = git(tree, "diff", "--name-only", "--diff-filter=A", "origin/HEAD", "HEAD", "--", "tests/tests_pytorch")
+    tests = ("tests/tests_pytorch", "tests/tests_fabric")
+    added = git(tree, "diff", "--name-only", "--diff-filter=AM", "origin/HEAD", "HEAD", "--", *tests)
     selection = list(args.tests or SELECTION)
     for path in added.stdout.split():
         relative = path.removeprefix("tests/")

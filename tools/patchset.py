@@ -9,7 +9,8 @@ What each patch contains:
 * new source files: the package's Lightning-side modules (``upstream_modules.UPSTREAM_MODULES``), with imports
   renamed to Lightning's paths and Lightning's license header: the core (``compile_connector``) in 0003, one feature
   module per later patch;
-* new test files, verbatim from ``tools/upstream/tests``;
+* new test files, verbatim from ``tools/upstream/tests``, and tests added to Lightning's own test files (a fix's),
+  from modules there that run on their own;
 * edits of Lightning's own files (``tools/upstream/series.py``), applied to the base; a function that the package
   fixes (``lightning_fixes``) replaces Lightning's.
 
@@ -35,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from upstream import package_module  # noqa: E402
 from upstream.layers import render  # noqa: E402
-from upstream.series import BASES, CORE_STACK, InsertAfter, Patch, Replace, ReplaceDef, series  # noqa: E402
+from upstream.series import BASES, CORE_STACK, AddTests, InsertAfter, Patch, Replace, ReplaceDef, series  # noqa: E402
 
 upstream_modules = package_module("upstream_modules")
 UPSTREAM_MODULES = upstream_modules.UPSTREAM_MODULES
@@ -140,8 +141,57 @@ def fixed_source(edit: ReplaceDef, layers: set[str]) -> str:
     return "\n\n".join(defs)
 
 
-def apply_edit(content: str, edit: Replace | InsertAfter | ReplaceDef, layers: set[str]) -> str:
+Edit = Replace | InsertAfter | ReplaceDef | AddTests
+
+
+def _imported(tree: ast.Module) -> set[tuple[str | None, str, str | None]]:
+    """What a module imports at its top level: (module of a ``from`` import, name, alias)."""
+    return {
+        (node.module if isinstance(node, ast.ImportFrom) else None, alias.name, alias.asname)
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+
+
+def add_tests(content: str, edit: AddTests) -> str:
+    """``content``, a test file of Lightning's, with the tests of ``edit.source`` after the function ``edit.after``."""
+    tree = ast.parse(content)
+    lines = content.splitlines(keepends=True)
+    found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == edit.after]
+    if len(found) != 1:
+        raise ValueError(f"{edit.path}: expected one test function {edit.after!r}, found {len(found)}")
+    imported, module_of = _imported(tree), {m for m, _, _ in _imported(tree) if m}
+    top = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    added = {n.name for n in ast.parse(edit.body()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    if top & added:
+        raise ValueError(f"{edit.path} already defines {sorted(top & added)}, which {edit.source} adds")
+    end = found[0].end_lineno or 0
+    lines[end:end] = ["\n", "\n", *edit.body().splitlines(keepends=True)]  # the file's blank lines follow it
+    for node in reversed(edit.imports()):
+        names = [(node.module if isinstance(node, ast.ImportFrom) else None, a.name, a.asname) for a in node.names]
+        if all(name in imported for name in names):
+            continue
+        if not isinstance(node, ast.ImportFrom) or node.module in module_of:
+            raise ValueError(
+                f"{edit.source} imports {ast.unparse(node)!r}, which {edit.path} lacks: import it there as {edit.path}"
+                " does, or add its import to the file with an edit of its own"
+            )
+        # a `from` import of a new module: in order among the file's `from` imports of the same package
+        package = (node.module or "").split(".")[0]
+        kin = [n for n in tree.body if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == package]
+        if not kin:
+            raise ValueError(f"{edit.path} imports nothing from {package}: add {ast.unparse(node)!r} with an edit")
+        later = [n.lineno - 1 for n in kin if (n.module or "") > (node.module or "")]
+        at = min(later) if later else max(n.end_lineno or 0 for n in kin)
+        lines[at:at] = [ast.unparse(node) + "\n"]
+    return "".join(lines)
+
+
+def apply_edit(content: str, edit: Edit, layers: set[str]) -> str:
     """``content`` with ``edit`` applied; raises if the edit's anchor is not where it should be."""
+    if isinstance(edit, AddTests):
+        return add_tests(content, edit)
     if isinstance(edit, ReplaceDef):
         first, last = _def_span(ast.parse(content), edit.name, edit.cls)
         lines = content.splitlines(keepends=True)
@@ -161,8 +211,10 @@ def apply_edit(content: str, edit: Replace | InsertAfter | ReplaceDef, layers: s
     return content.replace(edit.old, edit.new)
 
 
-def edit_line_changes(edit: Replace | InsertAfter | ReplaceDef, layers: set[str]) -> tuple[list[str] | None, list[str]]:
+def edit_line_changes(edit: Edit, layers: set[str]) -> tuple[list[str] | None, list[str]]:
     """The lines an edit removes (``None``: unknown without the base) and adds. Edits replace whole lines."""
+    if isinstance(edit, AddTests):  # and maybe imports, which only the base tells
+        return None, [*edit.body().splitlines(), *(ast.unparse(node) for node in edit.imports())]
     if isinstance(edit, ReplaceDef):
         return None, fixed_source(edit, layers).splitlines()
     if isinstance(edit, InsertAfter):

@@ -2,13 +2,16 @@
 
     python tools/upstream/rung_tests.py [--lightning MASTER] [--workers N] [--table OUT.md]
 
-The rungs a maintainer would merge (``patches/lightning-master/`` up to ``use_compile``) each add test files (listed
-in ``tools/upstream/series.py``). They run on Lightning master:
+The rungs a maintainer would merge (``patches/lightning-master/`` up to ``use_compile``) each add tests
+(``tools/upstream/series.py``): the fixes, to Lightning's own test files; the re-apply and ``use_compile``, in files of
+their own. Each rung's tests are a unit: a new file, or the tests a fix adds to one of Lightning's files (run by node
+id). First each fix must ``git am -3`` alone on Lightning master; then the tests run there:
 
-* ``master``: no patch, only the test files copied in. Each file must fail: a test file that passes on master tests
-  nothing its rung changes;
-* each rung's files with the patches up to it (the three fixes together): they must pass, and so must Lightning's own
-  ``utilities/test_compile.py`` with the re-apply, whose two assertions of the old placement it changes;
+* ``master``: no patch, only the changes of ``tests/`` of every rung applied. Each unit must fail: tests that pass on
+  master test nothing their rung changes;
+* each rung's units with the patches up to it (the four fixes together): they must pass, and so must Lightning's test
+  files that the rungs add to or change (``utilities/test_compile.py`` with the re-apply, whose two assertions of the
+  old placement it changes);
 * the re-apply's and ``use_compile``'s files on two mutants of the ladder up to ``use_compile``, which each file must
   fail:
   ``compiles before the wrap`` (the connector compiles the LightningModule's steps, never the wrapper: master's
@@ -37,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(HERE.parent))
 
 import lightning_ci  # noqa: E402
-from upstream.series import REAPPLY, USE_COMPILE, series  # noqa: E402
+from upstream.series import REAPPLY, USE_COMPILE, AddTests, Patch, series  # noqa: E402
 
 CONNECTOR = "src/lightning/pytorch/trainer/connectors/compile_connector.py"
 #: Lightning's own tests of its compile helpers, which the re-apply changes (two assertions of the old placement).
@@ -69,26 +72,29 @@ class Target:
     """One run of rung test files: on master, on a rung, or on a mutant of a rung."""
 
     name: str
-    #: How many patches of the ladder it applies (0: master, with the test files copied in).
+    #: How many patches of the ladder it applies (0: master, with only the rungs' changes of ``tests/``).
     patches: int
-    files: list[str]
+    #: The rungs' tests, by unit: a unit's label, and its node ids (a whole file, or tests of one).
+    units: dict[str, list[str]]
     must_fail: bool
     mutant: str = ""
-    #: Lightning's own test files that the rung changes, run with its own, and which must pass there too.
+    #: Lightning's own test files that the rungs add to or change, run whole, which must pass there too.
     also: tuple[str, ...] = ()
     results: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def by_file(self) -> dict[str, list[str]]:
-        """What each test file's tests did."""
-        return {f: [r for t, r in self.results.items() if t.split("::")[0] == f] for f in (*self.files, *self.also)}
+    def by_unit(self) -> dict[str, list[str]]:
+        """What each unit's tests did (and each of Lightning's files of ``also``)."""
+        units = {**self.units, **{f: [f] for f in self.also}}
+        ran = [(t.split("[")[0], r) for t, r in self.results.items()]
+        return {u: [r for t, r in ran if t in ids or t.split("::")[0] in ids] for u, ids in units.items()}
 
     @property
     def ok(self) -> bool:
-        """Every file fails (at least one test of it failed), or every file passes (none failed, some passed)."""
+        """Every unit fails (at least one test of it failed), or every unit passes (none failed, some passed)."""
         if self.must_fail:
-            return all("failed" in outcomes for outcomes in self.by_file().values())
-        return all(outcomes and "failed" not in outcomes for outcomes in self.by_file().values())
+            return all("failed" in outcomes for outcomes in self.by_unit().values())
+        return all(outcomes and "failed" not in outcomes for outcomes in self.by_unit().values())
 
 
 def mutate(tree: Path, name: str) -> None:
@@ -105,17 +111,39 @@ def run_target(args: argparse.Namespace, base: Path, tmp: Path, target: Target, 
     """Builds the target's tree from ``base`` and runs its test files there."""
     tree = tmp / re.sub(r"[^A-Za-z0-9]+", "_", target.name)
     lightning_ci.git(tmp, "clone", "-q", str(base), str(tree))
+    rungs = rungs_to_use_compile()
+    absent = lightning_ci.absent_tests(tree, patches[: len(rungs)])
+    exclude = [f"--exclude={path}" for path in absent]
     if not target.patches:
-        for test in target.files:
-            (tree / "tests" / test).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(HERE / "tests" / test, tree / "tests" / test)
+        for patch in patches[: len(rungs)]:
+            lightning_ci.git(tree, "apply", *exclude, "--include=tests/*", str(patch.path))
     else:
-        lightning_ci.git(tree, "am", "-3", "-q", *(str(p.path) for p in patches[: target.patches]))
+        lightning_ci.git(tree, "am", "-3", "-q", *exclude, *(str(p.path) for p in patches[: target.patches]))
+    # tests that a fix adds to a file the base lacks (CI's archive has no `tests/tests_fabric`) run from their module,
+    # copied in as a file of its own: the same tests, which Lightning's file gets verbatim
+    ids: dict[str, str] = {}  # a test's node id in Lightning's file: its node id in the module
+    modules: dict[str, list[str]] = {}  # Lightning's file: the modules whose tests it would have
+    for edit in (e for patch in rungs for e in patch.edits if isinstance(e, AddTests) and e.path in absent):
+        folder = (tree / "tests" / edit.source).parent
+        if not folder.exists():  # with the harness's `RunIf`, which defers to Lightning's as Lightning's own does
+            shutil.copytree(HERE / "harness" / edit.source.split("/")[0], folder)
+        shutil.copy(HERE / "tests" / edit.source, tree / "tests" / edit.source)
+        ids |= {i: f"{edit.source}::{i.split('::')[1]}" for i in edit.node_ids()}
+        modules.setdefault(edit.path.removeprefix("tests/"), []).append(edit.source)
+    if ids:
+        target.units = {
+            (f"{u} (run from its module)" if ids.keys() & set(i) else u): [ids.get(n, n) for n in i]
+            for u, i in target.units.items()
+        }
+        target.also = tuple(m for f in target.also for m in modules.get(f, [f]))
     if target.mutant:
         mutate(tree, target.mutant)
     options = argparse.Namespace(**{**vars(args), "pytest_args": ["-q"]})
     started = time.monotonic()
-    lightning_ci.pytest(options, tree, [*target.files, *target.also], tmp / tree.name)
+    selection = [
+        i for i in dict.fromkeys(i for ids in target.units.values() for i in ids) if i.split("::")[0] not in target.also
+    ]
+    lightning_ci.pytest(options, tree, [*selection, *target.also], tmp / tree.name)
     target.seconds = time.monotonic() - started
     outcome = lightning_ci.Outcome(target.name, [])
     if (tmp / f"{tree.name}.xml").exists():
@@ -123,22 +151,55 @@ def run_target(args: argparse.Namespace, base: Path, tmp: Path, target: Target, 
     target.results = outcome.results
 
 
-def targets() -> list[Target]:
-    """Master with every core rung's files; the fixes, the re-apply and `use_compile` each with theirs; the mutants."""
+def rungs_to_use_compile() -> list[Patch]:
+    """The master ladder's rungs a maintainer would merge: the fixes, the re-apply, `use_compile`."""
     ladder = series("master")
-    subjects = [patch.subject for patch in ladder]
-    core = ladder[: subjects.index(USE_COMPILE.subject) + 1]
-    files = {patch.subject: list(patch.tests) for patch in core}
-    fixes = [f for patch in core if patch.subject.startswith("Fix ") for f in files[patch.subject]]
-    reapply, use_compile = subjects.index(REAPPLY.subject) + 1, subjects.index(USE_COMPILE.subject) + 1
-    compiling = files[REAPPLY.subject] + files[USE_COMPILE.subject]
+    return ladder[: [patch.subject for patch in ladder].index(USE_COMPILE.subject) + 1]
+
+
+def units(number: int, patch: Patch) -> dict[str, list[str]]:
+    """The tests rung ``number`` adds, by unit: each new file, and the tests it adds to each of Lightning's files."""
+    out = {file: [file] for file in patch.tests}
+    for edit in patch.edits:
+        if isinstance(edit, AddTests):
+            ids = edit.node_ids()
+            out[f"{edit.path.removeprefix('tests/')}: {number:04d}'s {len(ids)} test{'s' * (len(ids) > 1)}"] = ids
+    return out
+
+
+def targets() -> list[Target]:
+    """Master with every core rung's tests; the fixes, the re-apply and `use_compile` each with theirs; the mutants."""
+    core = rungs_to_use_compile()
+    by_rung = {patch.subject: units(number, patch) for number, patch in enumerate(core, start=1)}
+    fixes = [patch for patch in core if patch.subject.startswith("Fix ")]
+    # the fixes' tests are in Lightning's files: those run whole with the fixes, whose other tests must still pass
+    fixed = tuple(
+        dict.fromkeys(e.path.removeprefix("tests/") for p in fixes for e in p.edits if isinstance(e, AddTests))
+    )
+    reapply, use_compile = len(fixes) + 1, len(core)
+    compiling = {**by_rung[REAPPLY.subject], **by_rung[USE_COMPILE.subject]}
     return [
-        Target("master", 0, [f for patch in core for f in files[patch.subject]], must_fail=True),
-        Target("the fixes", reapply - 1, fixes, must_fail=False),
-        Target("re-apply", reapply, files[REAPPLY.subject], must_fail=False, also=(LIGHTNING_COMPILE_TESTS,)),
-        Target("use_compile", use_compile, files[USE_COMPILE.subject], must_fail=False),
+        Target("master", 0, {u: i for rung in by_rung.values() for u, i in rung.items()}, must_fail=True),
+        Target(
+            "the fixes", reapply - 1, {u: i for p in fixes for u, i in by_rung[p.subject].items()}, False, also=fixed
+        ),
+        Target("re-apply", reapply, by_rung[REAPPLY.subject], must_fail=False, also=(LIGHTNING_COMPILE_TESTS,)),
+        Target("use_compile", use_compile, by_rung[USE_COMPILE.subject], must_fail=False),
         *(Target(f"use_compile, {m}", use_compile, compiling, must_fail=True, mutant=m) for m in MUTANTS),
     ]
+
+
+def fixes_that_do_not_apply_alone(base: Path, tmp: Path, patches: list) -> list[str]:
+    """The fixes (the rungs before the re-apply) that ``git am -3`` does not take alone on ``base``."""
+    failed = []
+    subjects = [rung.subject for rung in rungs_to_use_compile()]
+    for number, patch in enumerate(patches[: subjects.index(REAPPLY.subject)], start=1):
+        tree = tmp / f"alone-{number}"
+        lightning_ci.git(tmp, "clone", "-q", str(base), str(tree))
+        exclude = [f"--exclude={path}" for path in lightning_ci.absent_tests(tree, [patch])]
+        if lightning_ci.git(tree, "am", "-3", "-q", *exclude, str(patch.path), check=False).returncode:
+            failed.append(patch.path.name)
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,13 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="rung-tests-") as tmp_name:
         tmp = Path(tmp_name)
         base = lightning_ci.base_repository(args.lightning, tmp)
+        not_alone = fixes_that_do_not_apply_alone(base, tmp, patches)
+        print(f"each fix alone: {'ok' if not not_alone else 'WRONG: ' + ', '.join(not_alone)}", flush=True)
         for target in targets():
             run_target(args, base, tmp, target, patches)
             done.append(target)
             print(f"{target.name}: {'ok' if target.ok else 'WRONG'} ({target.seconds:.0f} s)", flush=True)
-    lines = ["| target | test file | must | passed | failed | skipped |", "|---|---|---|---|---|---|"]
+    lines = ["| target | tests | must | passed | failed | skipped |", "|---|---|---|---|---|---|"]
     for t in done:
-        for file, outcomes in t.by_file().items():
+        for file, outcomes in t.by_unit().items():
             counts = [outcomes.count(r) for r in ("passed", "failed", "skipped")]
             must = "fail" if t.must_fail else "pass"
             ok = "" if t.ok else " **WRONG**"
@@ -170,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.table:
         args.table.write_text(table)
-    return 0 if all(t.ok for t in done) else 1
+    return 0 if all(t.ok for t in done) and not not_alone else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ their own, so that ``git am -3`` takes any subset in order).
 
 """
 
+import ast
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -29,6 +30,7 @@ FABRIC_CHANGELOG = "src/lightning/fabric/CHANGELOG.md"
 COMPILE_DOCS = "docs/source-pytorch/advanced/compile.rst"
 TRAINER_DOCS = "docs/source-pytorch/common/trainer.rst"
 COMPILE_TESTS = "tests/tests_pytorch/utilities/test_compile.py"
+FABRIC_WRAPPER_TESTS = "tests/tests_fabric/test_wrappers.py"
 BASES = ("2.6.6", "master")
 #: The Lightning commit the master series is made on; ``docs/upstreaming.md`` records it too.
 MASTER_COMMIT = "7f0c3436cd3f6ad3753125672024fc415cbcb414"
@@ -155,6 +157,38 @@ class InsertAfter:
     bases: tuple[str, ...] = BASES
 
 
+@dataclass(frozen=True)
+class AddTests:
+    """Add the tests of ``source`` to Lightning's test file ``path``, right after its test function ``after``.
+
+    ``source`` (relative to ``tools/upstream/tests``) is a module that runs on its own there; what ``path`` gets is its
+    code after its imports. Each of its imports must be one that ``path`` already has, or a ``from`` import of a module
+    that ``path`` does not import from yet, which is added among ``path``'s imports, in order.
+    """
+
+    path: str
+    source: str
+    after: str
+    bases: tuple[str, ...] = BASES
+
+    def _tree(self) -> ast.Module:
+        return ast.parse((HERE / "tests" / self.source).read_text())
+
+    def imports(self) -> list[ast.stmt]:
+        """The source's top-level imports."""
+        return [node for node in self._tree().body if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+    def body(self) -> str:
+        """The source's code after its last top-level import."""
+        lines = (HERE / "tests" / self.source).read_text().splitlines(keepends=True)
+        return "".join(lines[max(node.end_lineno or 0 for node in self.imports()) :]).lstrip("\n")
+
+    def node_ids(self) -> list[str]:
+        """The pytest node ids of the tests it adds, relative to Lightning's ``tests/``."""
+        names = [n.name for n in self._tree().body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+        return [f"{self.path.removeprefix('tests/')}::{name}" for name in names]
+
+
 _UNWRAP_OLD = "model = _maybe_unwrap_optimized(model)"
 _UNWRAP_NEW = "model = _maybe_unwrap_optimized(self._compile_connector.unwrap(model))"
 _USE_COMPILE_ARG = f"        {trainer_api.NAME}: {trainer_api.ANNOTATION_SOURCE} = {trainer_api.DEFAULT},\n"
@@ -223,11 +257,17 @@ Issue text:
     once in `forward`, call `fabric_module.training_step()`, catch the error, then call
     `fabric_module(x)`: it returns what `training_step` returns.""",
     modules=(),
-    tests=(
-        "tests_pytorch/strategies/test_forward_redirection.py",
-        "tests_fabric/test_wrappers_forward_redirection.py",
-    ),
     edits=(
+        AddTests(
+            "tests/tests_pytorch/strategies/test_ddp.py",
+            "tests_pytorch/strategies/test_forward_redirection.py",
+            after="test_ddp_dont_configure_sync_batchnorm",
+        ),
+        AddTests(
+            FABRIC_WRAPPER_TESTS,
+            "tests_fabric/test_wrappers_forward_redirection.py",
+            after="test_step_method_redirection",
+        ),
         ReplaceDef(STRATEGY, "__call__", cls="_ForwardRedirection"),
         ReplaceDef(FABRIC_WRAPPERS, "_redirection_through_forward", cls="_FabricModule"),
         Replace(
@@ -259,8 +299,16 @@ Setting a step to `None` (`model.validation_step = None`) is how a loop is turne
 `from_compiled` raised on it ("A callable function is expected"), so such a model could not be
 passed to the Trainer compiled. It now compiles only the steps that are callable.""",
     modules=(),
-    tests=("tests_pytorch/utilities/test_compile_from_compiled.py",),
-    edits=(ReplaceDef(COMPILE_UTILS, "from_compiled"), *_changelog_fixed(_FIXED_FROM_COMPILED, 3)),
+    edits=(
+        ReplaceDef(COMPILE_UTILS, "from_compiled"),
+        *_changelog_fixed(_FIXED_FROM_COMPILED, 4),  # an entry away from the previous fix's line: each applies alone
+        # after the Trainer's tests of a compiled model, apart from where the next fix adds its tests
+        AddTests(
+            COMPILE_TESTS,
+            "tests_pytorch/utilities/test_compile_from_compiled.py",
+            after="test_trainer_compiled_model_ddp",
+        ),
+    ),
 )
 
 FIX_TO_UNCOMPILED = Patch(
@@ -272,8 +320,13 @@ ignored by that instance. A step that is the class's own method is now removed f
 instead, which restores the model's own methods. (`_ForwardRedirection` leaves `forward` as an instance-bound
 method in the same way; that predates this and is left for a patch of its own.)""",
     modules=(),
-    tests=("tests_pytorch/utilities/test_compile_to_uncompiled.py",),
-    edits=(ReplaceDef(COMPILE_UTILS, "to_uncompiled"), *_changelog_fixed(_FIXED_TO_UNCOMPILED, 7)),
+    edits=(
+        ReplaceDef(COMPILE_UTILS, "to_uncompiled"),
+        *_changelog_fixed(_FIXED_TO_UNCOMPILED, 7),
+        AddTests(
+            COMPILE_TESTS, "tests_pytorch/utilities/test_compile_to_uncompiled.py", after="test_compile_uncompile"
+        ),
+    ),
 )
 
 FIX_FABRIC_CAPTURE = Patch(
@@ -294,9 +347,9 @@ Issue text:
     backend=backend))`, `module(x)`: `backend.frame_count` stays 0, because Fabric compiled
     the wrapped model again with `copy.deepcopy(backend)`.""",
     modules=(),
-    tests=("tests_fabric/test_wrappers_compile_capture.py",),
     edits=(
         ReplaceDef(FABRIC_WRAPPERS, "_capture_compile_kwargs"),
+        AddTests(FABRIC_WRAPPER_TESTS, "tests_fabric/test_wrappers_compile_capture.py", after="test_unwrap_compiled"),
         InsertAfter(FABRIC_CHANGELOG, "### Fixed", f"\n{_FIXED_FABRIC_CAPTURE}\n", bases=("2.6.6",)),
         InsertAfter(
             FABRIC_CHANGELOG,

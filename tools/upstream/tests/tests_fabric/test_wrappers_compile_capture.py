@@ -11,12 +11,10 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-import pytest
 import torch
 
-from lightning.fabric import Fabric
-
-_needs_dynamo = pytest.mark.skipif(not torch._dynamo.is_dynamo_supported(), reason="needs `torch.compile`")
+from lightning.fabric.fabric import Fabric
+from tests_fabric.helpers.runif import RunIf
 
 
 class CountingBackend:
@@ -30,7 +28,7 @@ class CountingBackend:
         return gm.forward
 
 
-@_needs_dynamo
+@RunIf(dynamo=True)
 def test_setup_compiles_again_with_the_users_backend_object():
     backend = CountingBackend()
     module = Fabric(accelerator="cpu", devices=1).setup(torch.compile(torch.nn.Linear(2, 2), backend=backend))
@@ -38,7 +36,7 @@ def test_setup_compiles_again_with_the_users_backend_object():
     assert backend.graphs == 1
 
 
-@_needs_dynamo
+@RunIf(dynamo=True)
 def test_the_other_arguments_are_kept_as_they_were_passed():
     options = {"max_autotune": False}
     compiled = torch.compile(torch.nn.Linear(2, 2), backend="inductor", options=options, dynamic=False)
