@@ -217,10 +217,13 @@ _FIXED_REDIRECTION = (
     "- Fixed the LightningModule's `forward` running a step method (and DDP's gradient sync staying off under manual"
     " optimization) after a step under DDP or FSDP raised"
 )
-_FIXED_FROM_COMPILED = "- Fixed `from_compiled` raising for a LightningModule with a step set to `None`"
+_FIXED_FROM_COMPILED = (
+    "- Fixed `from_compiled` raising for a LightningModule with a step set to `None`, so that such a model could not be"
+    " passed to the Trainer compiled"
+)
 _FIXED_TO_UNCOMPILED = (
-    "- Fixed `to_uncompiled` leaving bound copies of the step methods on the instance, so that a method patched on the"
-    " class later was ignored: it restores the model's own methods"
+    "- Fixed `to_uncompiled` leaving bound copies of the step methods on the instance, which hid a method patched on"
+    " the class later"
 )
 
 _FIXED_FABRIC_CAPTURE = (
@@ -230,7 +233,7 @@ _FIXED_FABRIC_CAPTURE = (
 )
 
 _FIXED_FABRIC_REDIRECTION = (
-    "- Fixed the module's `forward` running the method marked with `mark_forward_method` after a call of that method"
+    "- Fixed the module's `forward` running a step (or a method marked with `mark_forward_method`) after a call of it"
     " through the wrapper (DDP, FSDP) raised"
 )
 
@@ -369,7 +372,8 @@ _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, after the"
     " strategy wraps it, so that the DDP or FSDP wrapper itself is compiled, as in Fabric (DDP's own forward is traced"
     " from PyTorch 2.9); the LightningModule passed in is no longer left compiled after the run (its `_compiler_ctx` is"
-    " `None`): pass the compiled model again to run `validate`, `test` or `predict` compiled"
+    " `None`); passed again to a later stage of the same Trainer, with or without its `torch.compile` wrapper, it is"
+    " compiled again (to another Trainer, pass the compiled model)"
     f" {ISSUE}\n"
 )
 
@@ -418,7 +422,12 @@ of its own entries. The cost, with the reset: 30 DDP fits of one model class in 
 compile 1 graph on torch 2.13, as master; on torch 2.6.0, where Dynamo guards on the wrapper
 object itself, 30 (master: 1). Other code that a process's many models of other shapes share
 (the step methods of one class, without a wrapper) reaches the limit as on master, and the docs
-say to call `torch.compiler.reset()` between such fits.
+say to call `torch.compiler.reset()` between such fits. Fabric, which compiles its wrapper the
+same way, has no such reset and reaches the limit: 12 `Fabric.setup`s of a compiled module of
+12 widths under DDP in one process (Lightning 2.6.6, torch 2.13) ran their steps compiled 8
+times, then uncompiled. So if the maintainers would rather not use the private reset, dropping
+it gives the Trainer Fabric's behaviour, a regression against master for a process that fits
+more than 8 models of new shapes under DDP.
 
 This needs a maintainer's sign-off on the private torch names it uses, none of which has a
 public equivalent, each with what happens without it:
@@ -436,14 +445,21 @@ public equivalent, each with what happens without it:
 Trainer of the same process compiles its next step through the redirection again (one compile,
 no other effect).
 
-Tests: `test_trainer_reapply_compile.py`. Those that fail on master (8) check the compile point
-(the wrapper's forward runs compiled, on one process and on two with `ddp_spawn`, whose pickling
-of a compiled model failed on master), the undo (nothing compiled left on the model after a run,
-and after a run that raises) and the fallback without the private names. The others pass on
-master and guard what the re-apply must keep: the steps' signatures, the user's backend object
-compiling again (fixed by the previous patch), a process that fits many models compiling every
-fit (what the reset keeps), the tuner's trials compiled (a compile after the `on_fit_start`
-hooks fails it), and each stage compiling its step once.
+A model passed compiled to one stage and plain to a later stage of the same Trainer
+(`trainer.fit(torch.compile(model))`, then `trainer.test(model)`) is compiled again with the same
+arguments, as it is when passed compiled or not at all (`trainer.test()`): on master `fit` left
+its steps compiled, so it ran compiled. Passed plain to another Trainer, it is not compiled (the
+CHANGELOG says so).
+
+Tests: `test_trainer_reapply_compile.py`. Of those that fail on master (9), 8 check the compile
+point (the wrapper's forward runs compiled, on one process and on two with `ddp_spawn`, whose
+pickling of a compiled model failed on master), the undo (nothing compiled left on the model
+after a run, and after a run that raises) and the fallback without the private names; the 9th,
+the steps' signatures, fails on master through the `from_compiled` bug of the second patch. The
+others pass on master and guard what the re-apply must keep: the user's backend object compiling
+again (fixed by the fourth patch), a process that fits many models compiling every fit (what the
+reset keeps), the tuner's trials compiled (a compile after the `on_fit_start` hooks fails it),
+each stage compiling its step once, and the model passed plain to a later stage running compiled.
 
 What it buys, and on which torch: Fabric's behaviour, and PyTorch's advice to compile the
 wrapped module. From torch 2.9 (tested; 2.7 and 2.8 not run) DDP's forward pre-hooks and its
@@ -468,9 +484,8 @@ compiled as it was.""",
         ),
         Replace(
             TRAINER,
-            '        log.debug(f"{self.__class__.__name__}: Initializing trainer with parameters: {locals()}")\n',
-            '        log.debug(f"{self.__class__.__name__}: Initializing trainer with parameters: {locals()}")\n'
-            "        self._compile_connector = _CompileConnector(self)\n",
+            "        # init connectors\n",
+            "        # init connectors\n        self._compile_connector = _CompileConnector(self)\n",
         ),
         Replace(TRAINER, f"\n        {_UNWRAP_OLD}\n", f"\n        {_UNWRAP_NEW}\n"),
         Replace(TRAINER, f"\n            {_UNWRAP_OLD}\n", f"\n            {_UNWRAP_NEW}\n", count=3),
@@ -541,11 +556,12 @@ checks when the Trainer is built (a dry call that builds the backend), so that a
 Who needs a flag rather than `fit(torch.compile(model))`: LightningCLI and YAML configs, which
 build the model and cannot wrap it in `torch.compile` (#17283 got CLI workarounds), and
 libraries that build their own Trainer from their user's Trainer arguments. That is the one
-case the previous patch does not cover: with it, as lantiga put it on #20269, "we will want
-this whenever we have an optimized model in input", and every such model is compiled after
-the wrap. A model whose layers are built in `configure_model` does not need the flag
-(`torch.compile` is lazy: `fit(torch.compile(model))` compiles them), nor does `validate`
-after `fit` (pass the compiled model again).
+case the previous patch does not cover: with it, as lantiga put it when closing #20269 (itself
+a flag, `reapply_compile`, which the author then removed), "we will want this whenever we have
+an optimized model in input", and every such model is compiled after the wrap. A model whose
+layers are built in `configure_model` does not need the flag (`torch.compile` is lazy:
+`fit(torch.compile(model))` compiles them), nor does `validate` after `fit` (the Trainer
+compiles its model again).
 
 The question for the maintainers: #15914 (`Trainer(compile=...)`) was closed for #15922 ("pass
 `torch.compile(model)`"). With the previous patch merged, is a Trainer argument worth having for

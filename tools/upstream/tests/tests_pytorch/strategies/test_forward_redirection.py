@@ -11,6 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+from unittest import mock
+
 import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -51,23 +53,16 @@ def test_forward_redirection_restores_forward_when_the_call_raises():
     assert redirection.outer_calls == 1
 
 
-class _RaisingDDP(DistributedDataParallel):
-    """A DDP-typed wrapper, with no process group, whose forward raises after the step ran."""
-
-    def __init__(self, module):
-        torch.nn.Module.__init__(self)
-        self.module = module
-        self.require_backward_grad_sync = True
-
-    def forward(self, *args):
-        self.module(*args)  # the redirected forward: the step, then `on_after_inner_forward`
-        raise RuntimeError("the wrapper failed")
-
-
 def test_ddp_gradient_sync_is_turned_back_on_when_the_call_raises_under_manual_optimization():
     model = BoringModel()
     model.automatic_optimization = False
-    wrapper = _RaisingDDP(model)
+
+    def forward_then_raise(*args):
+        model(*args)  # the redirected forward: the step, then `on_after_inner_forward` turns gradient sync off
+        raise RuntimeError("the wrapper failed")
+
+    wrapper = mock.Mock(spec=DistributedDataParallel, side_effect=forward_then_raise)
+    wrapper.require_backward_grad_sync = True
     with pytest.raises(RuntimeError, match="the wrapper failed"):
         _DDPForwardRedirection()(wrapper, model, "training_step", torch.randn(2, 32), 0)
-    assert wrapper.require_backward_grad_sync is True  # turned off for the step, on again after it
+    assert wrapper.require_backward_grad_sync is True  # on again after the step

@@ -233,6 +233,22 @@ def test_each_stage_compiles_its_step_once(tmp_path):
         assert backend.graphs == before + 1, stage.__name__
 
 
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
+def test_the_model_passed_compiled_to_fit_runs_compiled_when_passed_plain_to_a_later_stage(tmp_path, strategy):
+    """`trainer.test(model)` after `trainer.fit(torch.compile(model))` runs compiled, as when `fit` left it compiled."""
+    model, backend = BoringModel(), CountingBackend()
+    calls = GraphCallsPerStep(backend)
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=[calls], **_TRAINER_KWARGS)
+    trainer.fit(torch.compile(model, backend=backend))
+    trainer.test(model)
+    assert calls.calls["test"]
+    assert all(calls.calls["test"])
+    before = backend.calls
+    trainer.test(BoringModel())  # another model, passed plain: not compiled
+    assert backend.calls == before
+
+
 @RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
 def test_each_step_compiles_once_across_stages_under_ddp(tmp_path):
     backend = CountingBackend()

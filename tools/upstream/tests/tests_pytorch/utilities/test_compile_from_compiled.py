@@ -13,6 +13,7 @@
 # limitations under the License.
 import torch
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.compile import from_compiled, to_uncompiled
 from tests_pytorch.helpers.runif import RunIf
@@ -27,3 +28,12 @@ def test_from_compiled_keeps_a_step_set_to_none():
     assert compiled.training_step(torch.randn(2, 32), 0)["loss"].ndim == 0
     to_uncompiled(compiled)
     assert model.validation_step is None
+
+
+@RunIf(dynamo=True)
+def test_trainer_fits_a_compiled_model_with_a_step_set_to_none(tmp_path):
+    model = BoringModel()
+    model.validation_step = None
+    trainer = Trainer(default_root_dir=tmp_path, fast_dev_run=1, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(torch.compile(model, backend="eager"))
+    assert trainer.state.finished
