@@ -236,7 +236,7 @@ def test_each_stage_compiles_its_step_once(tmp_path):
 @RunIf(min_torch="2.6", dynamo=True)
 @pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
 def test_the_model_passed_compiled_to_fit_runs_compiled_when_passed_plain_to_a_later_stage(tmp_path, strategy):
-    """`trainer.test(model)` after `trainer.fit(torch.compile(model))` runs compiled, as when `fit` left it compiled."""
+    """`trainer.test(model)` after `trainer.fit(torch.compile(model))` runs compiled, as on master."""
     model, backend = BoringModel(), CountingBackend()
     calls = GraphCallsPerStep(backend)
     trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=[calls], **_TRAINER_KWARGS)
