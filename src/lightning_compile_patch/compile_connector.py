@@ -216,9 +216,13 @@ class _CompileConnector:
     # [/ladder]
     def unwrap(self, model: Any) -> Any:
         """Takes a model out of its ``torch.compile`` wrapper, to compile it after the strategy wraps it instead."""
-        if model is None or (model is self.trainer.lightning_module and self._input_kwargs is not None):
-            # the Trainer's model, passed compiled to an earlier stage: compiled again, with the same arguments
-            return model
+        if model is None:
+            return model  # the stage reuses the Trainer's model, and with it the compiled input's arguments
+        if model is self.trainer.lightning_module and self._input_kwargs is not None:
+            rank_zero_warn(
+                "The model was passed compiled to an earlier stage of this Trainer, and now without its `torch.compile`"
+                " wrapper, so this stage runs it uncompiled. Pass the compiled model, or no model, to run it compiled."
+            )
         self._input_kwargs = None
         # [ladder use_compile]
         if self.use_compile is not None:

@@ -372,8 +372,8 @@ _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, after the"
     " strategy wraps it, so that the DDP or FSDP wrapper itself is compiled, as in Fabric (DDP's own forward is traced"
     " from PyTorch 2.9); the LightningModule passed in is no longer left compiled after the run (its `_compiler_ctx` is"
-    " `None`); passed again to a later stage of the same Trainer, with or without its `torch.compile` wrapper, it is"
-    " compiled again (to another Trainer, pass the compiled model)"
+    " `None`, and `to_uncompiled(model)` raises): pass the compiled model again, or no model, to run `validate`, `test`"
+    " or `predict` compiled (the Trainer warns when its model comes back without its wrapper)"
     f" {ISSUE}\n"
 )
 
@@ -427,7 +427,14 @@ same way, has no such reset and reaches the limit: 12 `Fabric.setup`s of a compi
 12 widths under DDP in one process (Lightning 2.6.6, torch 2.13) ran their steps compiled 8
 times, then uncompiled. So if the maintainers would rather not use the private reset, dropping
 it gives the Trainer Fabric's behaviour, a regression against master for a process that fits
-more than 8 models of new shapes under DDP.
+more than 8 models under DDP, of new shapes or of new classes (a test suite, a notebook): after
+8, every fit runs uncompiled, where master compiled 16 of 20 widths and all of 12 classes.
+A public-API alternative, `torch.compiler.disable(wrapped_forward, recursive=False)` in the
+redirection, with no reset, lets Dynamo run `wrapped_forward` eagerly and compile the step as a
+frame of its own. It moves the pile-up to the step's code, which a model's widths and a class's
+subclasses share (torch 2.13, DDP on one process, each fit by its own Trainer): 10 fits of 10
+widths compiled 8, and 12 subclasses of one model, which share its `training_step`, compiled 8,
+then none; with the reset, all of them.
 
 This needs a maintainer's sign-off on the private torch names it uses, none of which has a
 public equivalent, each with what happens without it:
@@ -445,11 +452,10 @@ public equivalent, each with what happens without it:
 Trainer of the same process compiles its next step through the redirection again (one compile,
 no other effect).
 
-A model passed compiled to one stage and plain to a later stage of the same Trainer
-(`trainer.fit(torch.compile(model))`, then `trainer.test(model)`) is compiled again with the same
-arguments, as it is when passed compiled or not at all (`trainer.test()`): on master `fit` left
-its steps compiled, so it ran compiled. Passed plain to another Trainer, it is not compiled (the
-CHANGELOG says so).
+A later stage runs the model compiled when it is passed compiled again or not at all
+(`trainer.test()`). On master `fit` left the model's steps compiled, so `trainer.test(model)`
+with the plain model ran compiled; now it runs uncompiled, and the Trainer warns when the model
+passed compiled to an earlier stage comes back without its wrapper. The CHANGELOG says so.
 
 Tests: `test_trainer_reapply_compile.py`. Of those that fail on master (9), 8 check the compile
 point (the wrapper's forward runs compiled, on one process and on two with `ddp_spawn`, whose
@@ -459,7 +465,7 @@ the steps' signatures, fails on master through the `from_compiled` bug of the se
 others pass on master and guard what the re-apply must keep: the user's backend object compiling
 again (fixed by the fourth patch), a process that fits many models compiling every fit (what the
 reset keeps), the tuner's trials compiled (a compile after the `on_fit_start` hooks fails it),
-each stage compiling its step once, and the model passed plain to a later stage running compiled.
+and each stage compiling its step once.
 
 What it buys, and on which torch: Fabric's behaviour, and PyTorch's advice to compile the
 wrapped module. From torch 2.9 (tested; 2.7 and 2.8 not run) DDP's forward pre-hooks and its

@@ -235,18 +235,18 @@ def test_each_stage_compiles_its_step_once(tmp_path):
 
 @RunIf(min_torch="2.6", dynamo=True)
 @pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
-def test_the_model_passed_compiled_to_fit_runs_compiled_when_passed_plain_to_a_later_stage(tmp_path, strategy):
-    """`trainer.test(model)` after `trainer.fit(torch.compile(model))` runs compiled, as on master."""
+def test_the_model_passed_compiled_to_fit_and_plain_to_a_later_stage_runs_uncompiled_with_a_warning(tmp_path, strategy):
+    """Master left the model compiled after `fit`; now only the compiled model, or no model, runs compiled."""
     model, backend = BoringModel(), CountingBackend()
     calls = GraphCallsPerStep(backend)
     trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=[calls], **_TRAINER_KWARGS)
-    trainer.fit(torch.compile(model, backend=backend))
-    trainer.test(model)
-    assert calls.calls["test"]
-    assert all(calls.calls["test"])
-    before = backend.calls
-    trainer.test(BoringModel())  # another model, passed plain: not compiled
-    assert backend.calls == before
+    compiled = torch.compile(model, backend=backend)
+    trainer.fit(compiled)
+    with pytest.warns(UserWarning, match="runs it uncompiled. Pass the compiled model, or no model"):
+        trainer.test(model)
+    assert calls.calls["test"] == [0, 0]
+    trainer.test(compiled)
+    assert all(calls.calls["test"][2:])
 
 
 @RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
