@@ -457,11 +457,12 @@ A later stage runs the model compiled when it is passed compiled again or not at
 with the plain model ran compiled; now it runs uncompiled, and the Trainer warns when the model
 passed compiled to an earlier stage comes back without its wrapper. The CHANGELOG says so.
 
-Tests: `test_trainer_reapply_compile.py`. Of those that fail on master (9), 8 check the compile
-point (the wrapper's forward runs compiled, on one process and on two with `ddp_spawn`, whose
-pickling of a compiled model failed on master), the undo (nothing compiled left on the model
-after a run, and after a run that raises) and the fallback without the private names; the 9th,
-the steps' signatures, fails on master through the `from_compiled` bug of the second patch. The
+Tests: `test_trainer_reapply_compile.py`. Of those that fail on master (11, counting each
+parameter), 8 check the compile point (the wrapper's forward runs compiled, on one process and on
+two with `ddp_spawn`, whose pickling of a compiled model failed on master), the undo (nothing
+compiled left on the model after a run, and after a run that raises) and the fallback without
+the private names; 2 the warning when the model comes back plain (master ran it compiled); and
+one, the steps' signatures, fails on master through the `from_compiled` bug of the second patch. The
 others pass on master and guard what the re-apply must keep: the user's backend object compiling
 again (fixed by the fourth patch), a process that fits many models compiling every fit (what the
 reset keeps), the tuner's trials compiled (a compile after the `on_fit_start` hooks fails it),
