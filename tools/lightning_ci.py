@@ -139,6 +139,12 @@ def absent_tests(tree: Path, patches: list[Patch]) -> list[str]:
     return sorted(path for path in changed if not (tree / path).exists())
 
 
+def am(tree: Path, patches: list[Patch], check: bool = True) -> subprocess.CompletedProcess:
+    """``git am -3`` of ``patches`` in ``tree``, without the changes of test files the tree lacks (`absent_tests`)."""
+    exclude = [f"--exclude={path}" for path in absent_tests(tree, patches)]
+    return git(tree, "am", "-3", "-q", *exclude, *(str(p.path) for p in patches), check=check)
+
+
 def rung_patches(spec: str, patches: list[Patch], core_subject: str) -> list[Patch]:
     """The patches of one rung of the ladder: ``none``, ``core``, ``all``, ``N`` (the first N), or ``1,3-5``."""
     if spec == "none":
@@ -248,8 +254,7 @@ def run_rung(args: argparse.Namespace, base: Path, tmp: Path, spec: str, patches
     tree = outcome.tree = tmp / f"rung-{re.sub(r'[^A-Za-z0-9]+', '_', spec)}"
     git(tmp, "clone", "-q", str(base), str(tree))
     if outcome.patches:
-        exclude = [f"--exclude={path}" for path in absent_tests(tree, outcome.patches)]
-        applied = git(tree, "am", "-3", "-q", *exclude, *(str(p.path) for p in outcome.patches), check=False)
+        applied = am(tree, outcome.patches, check=False)
         if applied.returncode:
             outcome.applied, outcome.apply_error = False, (applied.stdout + applied.stderr).strip()
             git(tree, "am", "--abort", check=False)
@@ -424,7 +429,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """The command line: `requirements` or `run`."""
+    """The command line: `requirements`, `run` or `excludes`."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     default_lightning = os.environ.get("LCP_LIGHTNING_MASTER", str(DEFAULT_LIGHTNING))
@@ -451,7 +456,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ladder.add_argument("--tmp", help="where the trees are built (default: the system's temp directory)")
     ladder.add_argument("--keep-trees", action="store_true")
     ladder.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments")
+    excludes = commands.add_parser("excludes", help="`--exclude` for the test files a patch changes and . lacks")
+    excludes.add_argument("patch", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "excludes":
+        print(*(f"--exclude={path}" for path in absent_tests(Path(), [Patch(0, args.patch, "")])))
+        return 0
     return requirements(args) if args.command == "requirements" else run(args)
 
 

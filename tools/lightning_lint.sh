@@ -12,14 +12,12 @@ set -u
 BASE=${1:?an extracted Lightning master tree}
 L=${LINT_BIN:?set LINT_BIN to a bin folder with the lint tools of Lightning CI}
 PYX=${MYPY_PYTHON:-}
-P=$(cd "$(dirname "$0")/.." && pwd)/patches/lightning-master
+TOOLS=$(cd "$(dirname "$0")" && pwd)
+P=$(dirname "$TOOLS")/patches/lightning-master
 SEAM=0007  # the last patch of the core: the fork rungs each apply on it alone
 WORK=$(mktemp -d)
 cp -r "$BASE" "$WORK/tree" && cd "$WORK/tree" && git init -q && git add -A && git -c user.email=x@y -c user.name=x commit -qm base
-absent() {  # `--exclude` for each of Lightning's test files that a patch changes and the tree lacks
-  awk '/^diff --git a\/tests\//{p=substr($3,3); n=0} /^new file mode/{n=1} /^index /{if (p != "" && !n) print p; p=""}' "$1" |
-    while read -r f; do [ -e "$f" ] || echo "--exclude=$f"; done
-}
+absent() { python3 "$TOOLS/lightning_ci.py" excludes "$1"; }  # `--exclude` for each test file a patch changes, absent here
 lint() {
   local name=$1 from=$2 changed py rst out=""
   changed=$(git diff --name-only --diff-filter=AM "$from" HEAD)

@@ -161,7 +161,8 @@ def add_tests(content: str, edit: AddTests) -> str:
     found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == edit.after]
     if len(found) != 1:
         raise ValueError(f"{edit.path}: expected one test function {edit.after!r}, found {len(found)}")
-    imported, module_of = _imported(tree), {m for m, _, _ in _imported(tree) if m}
+    imported = _imported(tree)
+    module_of = {module for module, _, _ in imported if module}
     top = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     added = {n.name for n in ast.parse(edit.body()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     if top & added:
@@ -169,8 +170,7 @@ def add_tests(content: str, edit: AddTests) -> str:
     end = found[0].end_lineno or 0
     lines[end:end] = ["\n", "\n", *edit.body().splitlines(keepends=True)]  # the file's blank lines follow it
     for node in reversed(edit.imports()):
-        names = [(node.module if isinstance(node, ast.ImportFrom) else None, a.name, a.asname) for a in node.names]
-        if all(name in imported for name in names):
+        if _imported(ast.Module(body=[node], type_ignores=[])) <= imported:
             continue
         if not isinstance(node, ast.ImportFrom) or node.module in module_of:
             raise ValueError(

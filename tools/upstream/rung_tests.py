@@ -118,7 +118,7 @@ def run_target(args: argparse.Namespace, base: Path, tmp: Path, target: Target, 
         for patch in patches[: len(rungs)]:
             lightning_ci.git(tree, "apply", *exclude, "--include=tests/*", str(patch.path))
     else:
-        lightning_ci.git(tree, "am", "-3", "-q", *exclude, *(str(p.path) for p in patches[: target.patches]))
+        lightning_ci.am(tree, patches[: target.patches])
     # tests that a fix adds to a file the base lacks (CI's archive has no `tests/tests_fabric`) run from their module,
     # copied in as a file of its own: the same tests, which Lightning's file gets verbatim
     ids: dict[str, str] = {}  # a test's node id in Lightning's file: its node id in the module
@@ -157,6 +157,12 @@ def rungs_to_use_compile() -> list[Patch]:
     return ladder[: [patch.subject for patch in ladder].index(USE_COMPILE.subject) + 1]
 
 
+def fixes() -> list[Patch]:
+    """The rungs before the re-apply: fixes of Lightning's own code, each of which can merge alone."""
+    rungs = rungs_to_use_compile()
+    return rungs[: [patch.subject for patch in rungs].index(REAPPLY.subject)]
+
+
 def units(number: int, patch: Patch) -> dict[str, list[str]]:
     """The tests rung ``number`` adds, by unit: each new file, and the tests it adds to each of Lightning's files."""
     out = {file: [file] for file in patch.tests}
@@ -171,17 +177,17 @@ def targets() -> list[Target]:
     """Master with every core rung's tests; the fixes, the re-apply and `use_compile` each with theirs; the mutants."""
     core = rungs_to_use_compile()
     by_rung = {patch.subject: units(number, patch) for number, patch in enumerate(core, start=1)}
-    fixes = [patch for patch in core if patch.subject.startswith("Fix ")]
+    fixed_by = fixes()
     # the fixes' tests are in Lightning's files: those run whole with the fixes, whose other tests must still pass
     fixed = tuple(
-        dict.fromkeys(e.path.removeprefix("tests/") for p in fixes for e in p.edits if isinstance(e, AddTests))
+        dict.fromkeys(e.path.removeprefix("tests/") for p in fixed_by for e in p.edits if isinstance(e, AddTests))
     )
-    reapply, use_compile = len(fixes) + 1, len(core)
+    reapply, use_compile = len(fixed_by) + 1, len(core)
     compiling = {**by_rung[REAPPLY.subject], **by_rung[USE_COMPILE.subject]}
     return [
         Target("master", 0, {u: i for rung in by_rung.values() for u, i in rung.items()}, must_fail=True),
         Target(
-            "the fixes", reapply - 1, {u: i for p in fixes for u, i in by_rung[p.subject].items()}, False, also=fixed
+            "the fixes", reapply - 1, {u: i for p in fixed_by for u, i in by_rung[p.subject].items()}, False, also=fixed
         ),
         Target("re-apply", reapply, by_rung[REAPPLY.subject], must_fail=False, also=(LIGHTNING_COMPILE_TESTS,)),
         Target("use_compile", use_compile, by_rung[USE_COMPILE.subject], must_fail=False),
@@ -192,12 +198,10 @@ def targets() -> list[Target]:
 def fixes_that_do_not_apply_alone(base: Path, tmp: Path, patches: list) -> list[str]:
     """The fixes (the rungs before the re-apply) that ``git am -3`` does not take alone on ``base``."""
     failed = []
-    subjects = [rung.subject for rung in rungs_to_use_compile()]
-    for number, patch in enumerate(patches[: subjects.index(REAPPLY.subject)], start=1):
+    for number, patch in enumerate(patches[: len(fixes())], start=1):
         tree = tmp / f"alone-{number}"
         lightning_ci.git(tmp, "clone", "-q", str(base), str(tree))
-        exclude = [f"--exclude={path}" for path in lightning_ci.absent_tests(tree, [patch])]
-        if lightning_ci.git(tree, "am", "-3", "-q", *exclude, str(patch.path), check=False).returncode:
+        if lightning_ci.am(tree, [patch], check=False).returncode:
             failed.append(patch.path.name)
     return failed
 
