@@ -9,8 +9,11 @@ model. ``after the wrap`` passes the compiled model itself, which is compiled ag
 itself.
 For each path, per step on rank 0 after the first (the compile):
 
-* how often DDP's ``_pre_forward`` and ``_post_forward`` ran eagerly (0: they ran inside the compiled code, or not
-  at all as Python);
+* how often DDP's ``forward``, ``_pre_forward`` and ``_post_forward`` ran as Python (their own code objects), counted
+  with ``sys.setprofile`` on steps 2 and 3, which are not timed: code that Dynamo traced into a graph runs as the
+  graph, so 0 means traced; a frame that Dynamo skips, or gives up on, runs its original code and counts. (A counting
+  wrapper patched onto the class cannot tell the two apart: Dynamo compiles the wrapper as a frame of its own when
+  the eager ``forward`` calls it, and folds its ``is_compiling()`` check away.)
 * whether DDP's forward pre-hooks ran inside the compiled code (``torch.compiler.is_compiling()`` in a pre-hook, on
   the first step);
 * the graphs Dynamo compiled and its graph breaks (``torch._dynamo.utils.counters``);
@@ -20,12 +23,15 @@ It prints a Markdown table and writes it, with the JSON of each path, under ``--
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -39,6 +45,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # the
 from gpt import GPTConfig, GPTModule
 
 PATHS = ("stock", "after the wrap")
+#: DDP's own forward, by code object: what ``sys.setprofile`` sees run as Python.
+DDP_CODE = {
+    getattr(DistributedDataParallel, name).__code__: name for name in ("forward", "_pre_forward", "_post_forward")
+}
+#: The steps (0-based) on which the probe counts; not timed, since a profile function slows every call down.
+PROFILED = (1, 2)
+
+
+@contextlib.contextmanager
+def python_frames(codes: dict[types.CodeType, str]) -> Iterator[dict[str, int]]:
+    """Counts, by name, the frames of ``codes`` that run as Python (their own code) in the block.
+
+    Code that Dynamo traced into a graph runs as the graph, so it does not count; a frame that Dynamo skips or gives up
+    on runs its original code, and counts. The profile function sees every Python call, so it slows the block down.
+
+    """
+    calls = dict.fromkeys(codes.values(), 0)
+
+    def profile(frame: types.FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code in codes:
+            calls[codes[frame.f_code]] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
 
 
 class Unlogged(GPTModule):
@@ -50,25 +83,13 @@ class Unlogged(GPTModule):
 
 
 class Probe(Callback):
-    """Counts DDP's eager pre-/post-forward calls and times each step, on every rank; rank 0 writes the result."""
+    """Counts DDP's own forward code run as Python and times each step, on every rank; rank 0 writes the result."""
 
     def __init__(self, out: Path, accelerator: str) -> None:
         self.out, self.accelerator = out, accelerator
         self.times: list[float] = []
-        self.eager = {"_pre_forward": [], "_post_forward": []}
+        self.python: dict[str, list[int]] = {name: [] for name in DDP_CODE.values()}
         self.hook_compiling: list[bool] = []
-
-    def setup(self, trainer: Trainer, pl_module: object, stage: str) -> None:
-        self._calls = dict.fromkeys(self.eager, 0)
-        for name in self.eager:
-            original = getattr(DistributedDataParallel, name)
-
-            def counted(ddp: DistributedDataParallel, *args, _original=original, _name=name, **kwargs):
-                if not torch.compiler.is_compiling():  # folded to True while Dynamo traces: only eager calls count
-                    self._calls[_name] += 1
-                return _original(ddp, *args, **kwargs)
-
-            setattr(DistributedDataParallel, name, counted)
 
     def on_fit_start(self, trainer: Trainer, pl_module: object) -> None:
         # on the first step only: a hook that appends to a list at every step would itself recompile the compiled call
@@ -81,17 +102,21 @@ class Probe(Callback):
         if self.accelerator == "cuda":
             torch.cuda.synchronize()
 
-    def on_train_batch_start(self, *_: object) -> None:
+    def on_train_batch_start(self, trainer: Trainer, pl_module: object, batch: object, batch_idx: int) -> None:
         self._sync()
+        if batch_idx in PROFILED:
+            self._profile = python_frames(DDP_CODE)
+            self._calls = self._profile.__enter__()
         self._start = time.perf_counter()
-        self._before = dict(self._calls)
 
-    def on_train_batch_end(self, *_: object) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: object, outputs: object, batch: object, i: int) -> None:
         self._sync()
-        self._hook.remove()
         self.times.append(time.perf_counter() - self._start)
-        for name in self.eager:
-            self.eager[name].append(self._calls[name] - self._before[name])
+        self._hook.remove()
+        if i in PROFILED:
+            self._profile.__exit__(None, None, None)
+            for name, count in self._calls.items():
+                self.python[name].append(count)
 
     def on_fit_end(self, trainer: Trainer, pl_module: object) -> None:
         if trainer.global_rank != 0:
@@ -100,7 +125,7 @@ class Probe(Callback):
 
         result = {
             "times": self.times,
-            "eager": self.eager,
+            "python": self.python,
             "hook_compiling": self.hook_compiling,
             "graphs": counters["stats"].get("unique_graphs", 0),
             "frames": counters["frames"].get("ok", 0),
@@ -146,6 +171,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--path", choices=list(PATHS), help="run one path here (the script runs each in its own)")
     args = parser.parse_args()
+    if args.steps <= max(PROFILED) + args.warmup or args.warmup <= max(PROFILED):
+        parser.error(f"--warmup must be over {max(PROFILED)} (the profiled steps are not timed), and --steps over it")
     args.out = args.out or Path(tempfile.mkdtemp(prefix="after-the-wrap-"))
     args.out.mkdir(parents=True, exist_ok=True)
     files = {path: args.out / f"{path.replace(' ', '_')}.json" for path in PATHS}
@@ -160,12 +187,12 @@ def main() -> None:
     rows = [
         "| | stock (`from_compiled`) | after the wrap |",
         "|---|---|---|",
-        "| DDP `_pre_forward` run eagerly, per step after the first | "
-        + " | ".join(str(sorted(set(r["eager"]["_pre_forward"][1:]))) for r in results.values())
-        + " |",
-        "| DDP `_post_forward` run eagerly, per step after the first | "
-        + " | ".join(str(sorted(set(r["eager"]["_post_forward"][1:]))) for r in results.values())
-        + " |",
+        *(
+            f"| DDP `{name}` run as Python, steps 2 and 3 | "
+            + " | ".join(str(r["python"][name]) for r in results.values())
+            + " |"
+            for name in DDP_CODE.values()
+        ),
         "| DDP's forward pre-hooks inside the compiled code (first step) | "
         + " | ".join("yes" if all(r["hook_compiling"]) else "no" for r in results.values())
         + " |",

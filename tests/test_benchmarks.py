@@ -227,3 +227,48 @@ def test_every_command_the_docs_and_the_gpu_session_name_exists_with_its_options
         for option, names in (("--paths", "PATHS"), ("--strategies", "STRATEGIES")):
             if option in values:
                 assert set(values[option].split(",")) <= set(constant(ROOT / script, names)), command
+
+
+@pytest.mark.package_only  # the benchmarks import the package; the run against a patched Lightning has none
+def test_after_the_wrap_counts_ddp_code_that_runs_as_python_even_where_dynamo_compiles_around_it():
+    """``after_the_wrap.py`` counts DDP's own frames with a profile function, which Dynamo cannot fold away.
+
+    The bug it replaced: a counting wrapper patched onto DDP's class, which checked ``is_compiling()``. Called from
+    DDP's eager forward, the wrapper was compiled as a frame of its own and its check folded, so it counted 0 while
+    ``_pre_forward`` ran as Python at every step, and the docs said DDP's pre- and post-forward were traced.
+
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    python_frames = benchmark_script("after_the_wrap").python_frames
+
+    def inner(x):
+        return x * 2
+
+    def outer(x):
+        y = inner(x) + 1
+        torch._dynamo.graph_break()
+        return y * 3
+
+    compiled = torch.compile(outer, backend="eager")
+    compiled(torch.ones(2))
+    with python_frames({inner.__code__: "inner", outer.__code__: "outer"}) as calls:
+        for _ in range(3):
+            compiled(torch.ones(2))
+    assert calls == {"inner": 0, "outer": 0}  # traced (around a graph break too): not counted
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(torch.nn.Linear(4, 1))
+        ddp.compile(backend="eager")  # the wrapper itself, as the Trainer compiles it after the wrap
+        codes = {DistributedDataParallel._pre_forward.__code__: "_pre_forward"}
+        ddp(torch.ones(2, 4)).sum().backward()
+        with python_frames(codes) as calls:
+            for _ in range(3):
+                ddp(torch.ones(2, 4)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+    assert calls == {"_pre_forward": 3}  # torch keeps DDP's own forward out of the graph (`_inside_ddp_forward`)

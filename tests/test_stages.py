@@ -120,7 +120,7 @@ def test_validate_after_fit_compiles_nothing_new(strategy):
     assert backend.calls - calls >= STAGE_LIMITS["limit_val_batches"]  # and its steps ran fit's compiled graph
 
 
-#: On torch 2.6 the compiled call still starts at DDP's forward, but Dynamo runs that forward eagerly.
+#: On torch 2.6 the compiled call still starts at DDP's forward, but neither test below passes there.
 NEEDS_DDP_FORWARD_TRACED = pytest.mark.xfail(
     not DDP_FORWARD_TRACED, reason="this torch does not trace DDP's forward", strict=True
 )
@@ -133,7 +133,7 @@ class ReducerProbe(Callback):
 
 @NEEDS_DDP_FORWARD_TRACED
 def test_ddp_forward_is_inside_the_compiled_region():
-    """Under DDP the compiled call starts at DDP's own forward, so its pre- and post-forward are traced.
+    """Under the python reducer the compiled call traces DDP's own forward with the step.
 
     With ``optimize_ddp="python_reducer"`` torch does not break the graph at the inner module call, so the step's
     operations land in one graph whose frame is ``DistributedDataParallel.forward``, with its pre- and post-forward.

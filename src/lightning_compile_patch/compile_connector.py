@@ -189,9 +189,9 @@ class _CompileConnector:
         # [ladder !features use_compile] self.compile_kwargs = _parse_use_compile(use_compile)
         #: The arguments of a compiled model passed in.
         self._input_kwargs: Optional[Mapping[str, Any]] = None
+        # [ladder features]
         #: The arguments every compile of the run in progress uses (``None``: the run compiles nothing).
         self.run_kwargs: Optional[Mapping[str, Any]] = None
-        # [ladder features]
         #: The run's ``torch.compile`` arguments as given, before the features derived ``run_kwargs`` from them.
         self.given: Optional[Mapping[str, Any]] = None
         #: The arguments the steps are compiled with: ``run_kwargs`` with what the features' ``setup`` returned.
@@ -246,15 +246,12 @@ class _CompileConnector:
         self._input_kwargs = dict(compile_kwargs or {})
         return module
 
-    # [ladder !features] def on_run_start(self) -> None:
-    def on_run_start(self, model: "pl.LightningModule") -> None:  # [ladder features]
+    # [ladder features]
+    def on_run_start(self, model: "pl.LightningModule") -> None:
         """Decides what this run compiles, before the strategy sets the model up."""
-        # [ladder !use_compile] given = self._input_kwargs
-        # [ladder !features use_compile] given = self.compile_kwargs if self.enabled else self._input_kwargs
-        given = self.options.torch_kwargs if self.enabled else self._input_kwargs  # [ladder features]
+        given = self.options.torch_kwargs if self.enabled else self._input_kwargs
         if given is None:
             return
-        # [ladder features]
         if not self.enabled and self.input_defaults and not self.features:
             keys = _Frozen(dict(self.input_defaults))
             self.options = _CompileOptions(_Frozen(), keys)
@@ -262,8 +259,6 @@ class _CompileConnector:
         if self.enabled and self.features:  # what `use_compile`'s features change is process-wide: one run at a time
             self._claim_the_process()
         self.given = given
-        # [/ladder]
-        # [ladder features]
         self._active = list(self.features)
         for feature in self._active:
             feature.on_run_start(self, model)
@@ -271,33 +266,34 @@ class _CompileConnector:
         for feature in self._active:
             kwargs = feature.compile_kwargs(self, kwargs)
         self.run_kwargs = _Frozen(dict(kwargs))
-        # [/ladder]
-        # [ladder !features] self.run_kwargs = given
-        # [ladder features]
         if self.enabled or self.input_defaults:  # a compiled model passed in gets the re-apply alone, by default
             self.defer(_crowded_code_reset(model), scope="run")
-        # [/ladder]
 
+    # [/ladder]
     def compile(self) -> None:
         """Compiles, in place, what the strategy calls in this stage, after the strategy has wrapped the model."""
+        # [ladder !use_compile] kwargs = self._input_kwargs
+        # [ladder !features use_compile] kwargs = self.compile_kwargs if self.enabled else self._input_kwargs
+        # [ladder !features] if kwargs is None:
+        # [ladder !features]     return
+        # [ladder features]
         if self.run_kwargs is None:
             return
-        # [ladder features]
         step_only: dict[str, Any] = {}
         for feature in self._active:
             step_only.update(feature.setup(self))
         kwargs = {**self.run_kwargs, **step_only}
         self.step_kwargs = _Frozen(kwargs)
         # [/ladder]
-        # [ladder !features] kwargs = self.run_kwargs
         module, wrapper = self.trainer.lightning_module, self.trainer.strategy.model
         assert wrapper is not None
         if wrapper is not module and kwargs.get("fullgraph"):
             # DDP's own forward calls into its C++ reducer, which no graph can hold: its steps are compiled inside it
             rank_zero_info("`fullgraph=True`: the steps are compiled inside the strategy's wrapper, not the wrapper.")
         elif wrapper is not module and (reset := _redirection_reset()) is not None:
-            # DDP, FSDP: the strategy calls every step through the wrapper's forward, so the wrapper's own forward is
-            # traced with the step and the loss (DDP's: from torch 2.9, with graph breaks at its C++ reducer calls)
+            # DDP, FSDP: the strategy calls every step through the wrapper, so the wrapper's call is compiled, with the
+            # step and the loss, as Fabric does (DDP's own pre- and post-forward still run as Python: torch keeps
+            # DDP's inner module call outside the outer graph)
             wrapper.compile(**kwargs)
             # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
             self.defer(wrapper.__dict__.pop, "_compiled_call_impl", None)
@@ -417,7 +413,7 @@ class _CompileConnector:
     # [/ladder]
     # [ladder !features] def teardown(self) -> None:
     # [ladder !features]     """Undoes what the run compiled and set, latest first, every step even after one raised."""
-    # [ladder !features]     self.run_kwargs, undo, self._undo = None, self._undo, []
+    # [ladder !features]     undo, self._undo = self._undo, []
     # [ladder !features]     with contextlib.ExitStack() as stack:  # callbacks run last-in, first-out
     # [ladder !features]         for step in undo:
     # [ladder !features]             stack.callback(step)

@@ -370,9 +370,9 @@ _FIXED_SPAWN = (
 )
 _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, after the"
-    " strategy wraps it, so that the DDP or FSDP wrapper itself is compiled, as in Fabric (DDP's own forward is traced"
-    " from PyTorch 2.9); the LightningModule passed in is no longer left compiled after the run (its `_compiler_ctx` is"
-    " `None`, and `to_uncompiled(model)` raises): pass the compiled model again, or no model, to run `validate`, `test`"
+    " strategy wraps it, so that the DDP or FSDP wrapper itself is compiled, as in Fabric; the LightningModule passed"
+    " in is no longer left compiled after the run (its `_compiler_ctx` is `None`, and `to_uncompiled(model)` raises):"
+    " pass the compiled model again, or no model, to run `validate`, `test`"
     " or `predict` compiled (the Trainer warns when its model comes back without its wrapper)"
     f" {ISSUE}\n"
 )
@@ -381,16 +381,18 @@ REAPPLY = Patch(
     subject="Compile a `torch.compile`-d model again after the strategy wraps it",
     body="""\
 A compiled LightningModule passed to the Trainer had its step methods compiled
-(`from_compiled`) before the strategy wrapped it, so under DDP and FSDP the wrapper's own
-forward ran outside the compiled code, and the docs say the Trainer does not reapply
+(`from_compiled`) before the strategy wrapped it, so under DDP and FSDP the wrapper's call ran
+outside the compiled code, and the docs say the Trainer does not reapply
 `torch.compile` over DDP/FSDP (#20242). Fabric re-applies compile after the wrap
 (`_reapply_compile`, #19280); when #20269 (a `reapply_compile` flag) was closed, the
 maintainers asked for this whenever the model passed in is compiled, with no new argument.
 
-Needed before merge, from the maintainers: a sign-off on the private torch names it uses (listed
-below, with what happens without each), and a run of its standalone 2-GPU tests (DDP and FSDP),
-which could not be run for this PR: no GPU was available, so the FSDP wrapper's compile has
-never run (Lightning refuses FSDP on CPU). Its tests and Lightning's own tests of the files it
+Needed before merge, from the maintainers: whether to compile the wrapper at all (below: under
+DDP it does not put DDP's own pre- and post-forward in the compiled code, on any torch tested);
+if so, a sign-off on the private torch names it uses (listed below, with what happens without
+each); and a run of its standalone 2-GPU tests (DDP and FSDP), which could not be run for this
+PR: no GPU was available, so the FSDP wrapper's compile has never run (Lightning refuses FSDP on
+CPU). Its tests and Lightning's own tests of the files it
 touches pass on CPU (torch 2.13.0; 2.9.1 with DeepSpeed).
 
 The model is now unwrapped (Fabric's `_unwrap_compiled`) when it is passed to
@@ -444,7 +446,7 @@ public equivalent, each with what happens without it:
   found; on a torch without them, or after a refactor of the redirection, the steps are
   compiled inside the wrapper instead, as on master (with `fullgraph=True` too), with a
   warning: a process's later fits stay compiled, as master's do (a test deletes each name and
-  fits 10 models of 10 widths under DDP: every fit compiled, the wrapper's forward not).
+  fits 10 models of 10 widths under DDP: every fit compiled, the wrapper's call not).
 - `nn.Module._compiled_call_impl`, where `nn.Module.compile` keeps the compiled call: popped
   from the wrapper to undo the compile, since torch has no public way to uncompile a module (a
   test fails first if torch renames it).
@@ -458,7 +460,7 @@ with the plain model ran compiled; now it runs uncompiled, and the Trainer warns
 passed compiled to an earlier stage comes back without its wrapper. The CHANGELOG says so.
 
 Tests: `test_trainer_reapply_compile.py`. Of those that fail on master (11, counting each
-parameter), 8 check the compile point (the wrapper's forward runs compiled, on one process and on
+parameter), 8 check the compile point (the wrapper's call runs compiled, on one process and on
 two with `ddp_spawn`, whose pickling of a compiled model failed on master), the undo (nothing
 compiled left on the model after a run, and after a run that raises) and the fallback without
 the private names; 2 the warning when the model comes back plain (master ran it compiled); and
@@ -468,18 +470,27 @@ again (fixed by the fourth patch), a process that fits many models compiling eve
 reset keeps), the tuner's trials compiled (a compile after the `on_fit_start` hooks fails it),
 and each stage compiling its step once.
 
-What it buys, and on which torch: Fabric's behaviour, and PyTorch's advice to compile the
-wrapped module. From torch 2.9 (tested; 2.7 and 2.8 not run) DDP's forward pre-hooks and its
-Python pre- and post-forward are traced with the step, with graph breaks at DDP's C++ reducer
-calls (5 per step). On torch 2.6 Dynamo runs DDP's forward eagerly whatever compiles it, so
-there only the place of the compile changes. Not bought: DDPOptimizer's bucketed split, which
-Dynamo applies to any frame converted inside DDP's forward, master's included; #20242's crash,
-gone from torch itself since 2.7 (pytorch#147123); the tuner's trials running compiled, which
-they did on master too (its test guards the compile point against a later one). Measured on
-CPU only (torch 2.13, the demo GPT of 4 layers, DDP on 2 gloo processes, 40 steps, two runs):
-the steady step took 0.94 and 0.91 of master's, with 30 frames converted against 5. No GPU
-number yet. It needs torch 2.6, the oldest it was tested with; before that a compiled model is
-compiled as it was.""",
+What it buys, and on which torch: Fabric's behaviour, PyTorch's advice to compile the wrapped
+module, and the wrapper's call (its forward hooks) in the compiled code. It does not put DDP's
+own pre- and post-forward (bucket preparation, buffer broadcast) in the compiled code, on any
+torch tested: under DDP's default C++ reducer, Dynamo breaks at `_inside_ddp_forward`, which
+torch marks skipped on purpose ("dynamo only kicks in for the module_to_run underneath"), and
+DDP's `_pre_forward` and `_post_forward` run as Python at every step, whether the wrapper or
+the steps are compiled (their frames counted with `sys.setprofile`, which Dynamo cannot fold
+away, on torch 2.6.0, 2.7.1, 2.8.0, 2.13.0 and 2.14.1; an earlier version of this text said they were
+traced from torch 2.9, from a probe whose counter Dynamo compiled away). Not bought either:
+DDPOptimizer's bucketed split, which Dynamo applies to any frame converted inside DDP's forward,
+master's included; #20242's crash, gone from torch itself since 2.7 (pytorch#147123); the tuner's
+trials running compiled, which they did on master too (its test guards the compile point
+against a later one). Measured on CPU only (torch 2.13, the demo GPT of 4 layers, DDP on 2 gloo
+processes, 40 steps, two runs): the steady step took 0.93 and 0.99 of master's, with 29 frames
+converted against 6 and 3 graph breaks against 0. No GPU number yet. So the maintainers may
+prefer the same patch without the compile of the wrapper: the steps compiled inside the wrapper
+after `strategy.setup`, the path it already takes with `fullgraph=True` or without the private
+names. That runs the same DDP code compiled, needs none of the private names, and keeps the
+unwrap (the `ddp_spawn` fix), the compile point and the undo; it gives up Fabric's behaviour and
+the wrapper's hooks in the graph, and what FSDP gains, which needs a GPU run to know. It needs
+torch 2.6, the oldest it was tested with; before that a compiled model is compiled as it was.""",
     modules=("compile_connector",),
     tests=("tests_pytorch/trainer/test_trainer_reapply_compile.py",),
     edits=(
@@ -496,14 +507,6 @@ compiled as it was.""",
         ),
         Replace(TRAINER, f"\n        {_UNWRAP_OLD}\n", f"\n        {_UNWRAP_NEW}\n"),
         Replace(TRAINER, f"\n            {_UNWRAP_OLD}\n", f"\n            {_UNWRAP_NEW}\n", count=3),
-        Replace(
-            TRAINER,
-            "    ) -> Optional[Union[_EVALUATE_OUTPUT, _PREDICT_OUTPUT]]:\n"
-            "        if self.state.fn == TrainerFn.FITTING:\n",
-            "    ) -> Optional[Union[_EVALUATE_OUTPUT, _PREDICT_OUTPUT]]:\n"
-            "        self._compile_connector.on_run_start()\n\n"
-            "        if self.state.fn == TrainerFn.FITTING:\n",
-        ),
         Replace(
             TRAINER,
             "        # strategy will configure model and move it to the device\n        self.strategy.setup(self)\n\n",
@@ -529,8 +532,8 @@ compiled as it was.""",
             "* A compiled model passed to the Trainer is compiled again, with the same arguments, after the strategy"
             " wraps it (see `Compiled again after the strategy wraps the model`_ above): the wrapper of"
             " :class:`~lightning.pytorch.strategies.DDPStrategy` or :class:`~lightning.pytorch.strategies.FSDPStrategy`"
-            " is compiled itself. From PyTorch 2.9, DDP's own forward is traced with the step, with graph breaks at its"
-            " C++ reducer calls.\n",
+            " is compiled itself. DDP's own pre- and post-forward still run outside the graph, as PyTorch keeps"
+            " them.\n",
         ),
         Replace(
             COMPILE_TESTS,
@@ -697,8 +700,11 @@ during the run does not: it compiles again after it). This patch adds no feature
     edits=(
         Replace(
             TRAINER,
-            "        self._compile_connector.on_run_start()\n",
-            "        self._compile_connector.on_run_start(model)\n",
+            "    ) -> Optional[Union[_EVALUATE_OUTPUT, _PREDICT_OUTPUT]]:\n"
+            "        if self.state.fn == TrainerFn.FITTING:\n",
+            "    ) -> Optional[Union[_EVALUATE_OUTPUT, _PREDICT_OUTPUT]]:\n"
+            "        self._compile_connector.on_run_start(model)\n\n"
+            "        if self.state.fn == TrainerFn.FITTING:\n",
         ),
         InsertAfter(
             COMPILE_DOCS,

@@ -41,8 +41,8 @@ _GRAPHLESS_IS_KNOWN = compare_version("torch", operator.ge, "2.13.0")
 _clock = time.perf_counter
 _wall_ns = time.time_ns
 #: Graph breaks that are expected: torch runs DDP's inner module call outside the outer graph on purpose
-#: (`_inside_ddp_forward`), DDP's C++ reducer and logger cannot be traced (torch 2.14 traces DDP's forward and breaks
-#: at them), and each compiled region is called from the step as an opaque function.
+#: (`_inside_ddp_forward`), DDP's C++ reducer and logger cannot be traced (torch 2.14 steps into DDP's forward and
+#: breaks at them), and each compiled region is called from the step as an opaque function.
 _EXPECTED_BREAKS = {
     "_inside_ddp_forward": "DDP",
     "of class `Reducer`": "DDP",

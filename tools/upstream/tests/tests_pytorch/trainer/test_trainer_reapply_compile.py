@@ -154,9 +154,10 @@ def test_the_wrapper_is_uncompiled_where_module_compile_keeps_its_compiled_call(
     assert module._compiled_call_impl is None  # the class's default: the module's calls run its forward uncompiled
 
 
-@RunIf(min_torch="2.9", dynamo=True, skip_windows=True)
+@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
 def test_the_wrapper_itself_runs_compiled(tmp_path):
-    """DDP's own forward (its pre- and post-forward) runs inside the compiled code, not only the step within it."""
+    """The DDP wrapper's call runs compiled (a forward pre-hook on it sees ``is_compiling()``), not only the step within
+    it; DDP's own pre- and post-forward still run as Python, as PyTorch keeps them."""
     probe = IsCompilingInWrapperForward()
     kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
     trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[probe], **kwargs)
@@ -164,7 +165,7 @@ def test_the_wrapper_itself_runs_compiled(tmp_path):
     assert probe.seen == [True, True]
 
 
-@RunIf(min_torch="2.9", dynamo=True, skip_windows=True)
+@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
 def test_the_wrapper_itself_runs_compiled_on_two_processes(tmp_path):
     """As #20269's tests did on 2 GPUs: DDP over 2 processes (gloo on CPU), each compiled after the wrap.
 
@@ -280,7 +281,7 @@ def test_under_ddp_the_compiled_call_compiles_once_however_many_steps(tmp_path):
     assert seen == [seen[0]] * 6, seen  # nothing compiled after the first step
 
 
-@RunIf(min_torch="2.9", dynamo=True, skip_windows=True)
+@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
 def test_fullgraph_under_ddp_compiles_the_steps_inside_the_wrapper(tmp_path):
     """DDP's forward calls its C++ reducer, which no single graph holds: with `fullgraph=True` the steps compile."""
     backend = CountingBackend()
@@ -376,7 +377,7 @@ def test_the_compiled_model_passed_in_still_works(tmp_path):
 
 
 @RunIf(min_torch="2.6", dynamo=True)
-def test_sets_no_process_wide_state(tmp_path):
+def test_a_compiled_fit_leaves_dynamos_config_and_the_environment_as_they_were(tmp_path):
     import torch._dynamo.config as dynamo_config
 
     # torch's first `torch.compile` in a process sets TORCHINDUCTOR_CACHE_DIR to its default: do it before the snapshot
