@@ -398,7 +398,7 @@ touches pass on CPU (torch 2.13.0; 2.9.1 with DeepSpeed).
 The model is now unwrapped (Fabric's `_unwrap_compiled`) when it is passed to
 `fit`/`validate`/`test`/`predict`, and compiled again, in place and with the same arguments,
 right after `strategy.setup` and before any hook that runs a step (the tuner's trials run in
-`on_fit_start`): with a wrapper (DDP, FSDP while fitting), the wrapper itself, with
+`on_fit_start`): with a wrapper (DDP while fitting, FSDP in every stage), the wrapper itself, with
 `nn.Module.compile`, so Lightning's `isinstance(..., DistributedDataParallel)` checks and the
 state-dict keys stay; without one, or with `fullgraph=True` (DDP's forward calls its C++
 reducer, which no single graph holds), the LightningModule's steps, with `from_compiled`. Each
@@ -471,26 +471,32 @@ reset keeps), the tuner's trials compiled (a compile after the `on_fit_start` ho
 and each stage compiling its step once.
 
 What it buys, and on which torch: Fabric's behaviour, PyTorch's advice to compile the wrapped
-module, and the wrapper's call (its forward hooks) in the compiled code. It does not put DDP's
+module, and the wrapper's call (`Module._call_impl`, with its forward hooks) in the compiled
+code; the step is compiled as a frame of its own inside it, as on master. It does not put DDP's
 own pre- and post-forward (bucket preparation, buffer broadcast) in the compiled code, on any
-torch tested: under DDP's default C++ reducer, Dynamo breaks at `_inside_ddp_forward`, which
-torch marks skipped on purpose ("dynamo only kicks in for the module_to_run underneath"), and
-DDP's `_pre_forward` and `_post_forward` run as Python at every step, whether the wrapper or
-the steps are compiled (their frames counted with `sys.setprofile`, which Dynamo cannot fold
-away, on torch 2.6.0, 2.7.1, 2.8.0, 2.13.0 and 2.14.1; an earlier version of this text said they were
-traced from torch 2.9, from a probe whose counter Dynamo compiled away). Not bought either:
-DDPOptimizer's bucketed split, which Dynamo applies to any frame converted inside DDP's forward,
-master's included; #20242's crash, gone from torch itself since 2.7 (pytorch#147123); the tuner's
-trials running compiled, which they did on master too (its test guards the compile point
-against a later one). Measured on CPU only (torch 2.13, the demo GPT of 4 layers, DDP on 2 gloo
-processes, 40 steps, two runs): the steady step took 0.93 and 0.99 of master's, with 29 frames
-converted against 6 and 3 graph breaks against 0. No GPU number yet. So the maintainers may
-prefer the same patch without the compile of the wrapper: the steps compiled inside the wrapper
-after `strategy.setup`, the path it already takes with `fullgraph=True` or without the private
-names. That runs the same DDP code compiled, needs none of the private names, and keeps the
-unwrap (the `ddp_spawn` fix), the compile point and the undo; it gives up Fabric's behaviour and
-the wrapper's hooks in the graph, and what FSDP gains, which needs a GPU run to know. It needs
-torch 2.6, the oldest it was tested with; before that a compiled model is compiled as it was.""",
+torch tested: under DDP's default C++ reducer, Dynamo skips DDP's `forward` (torch 2.6: its
+file is skipped) or breaks at `_inside_ddp_forward`, which torch marks skipped on purpose
+("dynamo only kicks in for the module_to_run underneath"), and DDP's `_pre_forward` and
+`_post_forward` run as Python at every step, whether the wrapper or the steps are compiled; on
+2.6 and 2.8 its `forward` does too, and on 2.13 only `forward`'s own frame is converted (their
+frames counted with `sys.setprofile`, which Dynamo cannot fold away, on torch 2.6.0, 2.7.1,
+2.8.0, 2.13.0 and 2.14.1; an earlier version of this text said they were traced from torch 2.9,
+from a probe whose counter Dynamo compiled away). Not bought either: DDPOptimizer's bucketed
+split, which Dynamo applies to any frame converted inside DDP's forward, master's included;
+#20242's crash, gone from torch itself since 2.7 (pytorch#147123); the tuner's trials running
+compiled, which they did on master too (its test guards the compile point against a later one).
+Measured on CPU only (torch 2.13, the demo GPT of 4 layers, DDP on 2 gloo processes, 40 steps,
+two runs): the steady step took 0.93 and 0.99 of master's, with 29 frames converted against 6
+and 3 graph breaks against 0. No GPU number yet. So the maintainers may prefer the same patch
+without the compile of the wrapper: the steps compiled inside the wrapper after
+`strategy.setup`, the path it already takes with `fullgraph=True` or without the private names.
+That compiles the same step code, with DDP's own code as Python in both designs, converts fewer
+frames with no graph breaks in DDP's code (2 frames against 7 to 31 in a reviewer's probe on
+torch 2.6, 2.8 and 2.13, the same DDPOptimizer split), needs none of the private names, does
+not compile again at every fit on torch 2.6, and keeps the unwrap (the `ddp_spawn` fix), the
+compile point and the undo; it gives up Fabric's behaviour and the wrapper's hooks in the
+graph, and what FSDP gains, which needs a GPU run to know. It needs torch 2.6, the oldest it
+was tested with; before that a compiled model is compiled as it was.""",
     modules=("compile_connector",),
     tests=("tests_pytorch/trainer/test_trainer_reapply_compile.py",),
     edits=(
