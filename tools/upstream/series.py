@@ -382,71 +382,86 @@ REAPPLY = Patch(
     body="""\
 A compiled LightningModule passed to the Trainer had its step methods compiled
 (`from_compiled`) before the strategy wrapped it, so under DDP and FSDP the wrapper's call ran
-outside the compiled code, and the docs say the Trainer does not reapply
-`torch.compile` over DDP/FSDP (#20242). Fabric re-applies compile after the wrap
-(`_reapply_compile`, #19280); when #20269 (a `reapply_compile` flag) was closed, the
-maintainers asked for this whenever the model passed in is compiled, with no new argument.
+outside the compiled code, and the docs say the Trainer does not reapply `torch.compile` over
+DDP/FSDP (#20242). Fabric re-applies compile after the wrap (`_reapply_compile`, #19280,
+#19382). When #20269 (a `reapply_compile` flag) was closed, the maintainers asked for this
+whenever the model passed in is compiled, with no new argument. This patch does that.
 
-Needed before merge, from the maintainers: whether to compile the wrapper at all (below: under
-DDP it does not put DDP's own pre- and post-forward in the compiled code, on any torch tested);
-if so, a sign-off on the private torch names it uses (listed below, with what happens without
-each); and a run of its standalone 2-GPU tests (DDP and FSDP), which could not be run for this
-PR: no GPU was available, so the FSDP wrapper's compile has never run (Lightning refuses FSDP on
-CPU). Its tests and Lightning's own tests of the files it
-touches pass on CPU (torch 2.13.0; 2.9.1 with DeepSpeed).
+**Needed before merge, from the maintainers.**
+1. Whether to compile the wrapper at all. Under DDP it does not put DDP's own pre- and
+   post-forward in the compiled code, on any torch tested ("What it buys", below). The other
+   design is this patch's `from_compiled` branch alone: the steps compiled inside the wrapper
+   after `strategy.setup`, with none of the private names. The maintainers' record points both
+   ways ("The record", below).
+2. If the wrapper is compiled, a sign-off on the private torch names it uses ("Private names",
+   below, with what happens without each).
+3. A run of its standalone 2-GPU tests (DDP and FSDP). No GPU was available for this PR, so the
+   FSDP wrapper's compile has never run (Lightning refuses FSDP on CPU). Its tests and
+   Lightning's own tests of the files it touches pass on CPU (torch 2.13.0; 2.9.1 with DeepSpeed;
+   2.1.2).
 
-The model is now unwrapped (Fabric's `_unwrap_compiled`) when it is passed to
-`fit`/`validate`/`test`/`predict`, and compiled again, in place and with the same arguments,
-right after `strategy.setup` and before any hook that runs a step (the tuner's trials run in
-`on_fit_start`): with a wrapper (DDP while fitting, FSDP in every stage), the wrapper itself, with
-`nn.Module.compile`, so Lightning's `isinstance(..., DistributedDataParallel)` checks and the
-state-dict keys stay; without one, or with `fullgraph=True` (DDP's forward calls its C++
-reducer, which no single graph holds), the LightningModule's steps, with `from_compiled`. Each
-step keeps its signature, and everything is undone in `_teardown`, on every path. The
-arguments are the ones Fabric captured from `torch.compile`, which since the previous patch keep
-the user's backend object itself, so a backend that counts graphs or holds state (a
-`CompileCounter`) compiles after the wrap as it did on master. This also fixes
-`strategy="ddp_spawn"` with a compiled model, which failed to pickle it ("Can't pickle
-BoringModel.forward: it's not the same object"): the model is unwrapped before the spawn. The
-strategy check of `_verify_strategy_supports_compile` is now `_verify_strategy_can_compile`, which
-the Trainer also calls when it unwraps a compiled model, since the unwrapped model is not compiled
-yet; the message and the strategies refused are unchanged.
+**What changes.**
+- `fit`/`validate`/`test`/`predict` unwrap a compiled model (Fabric's `_unwrap_compiled`) and
+  compile it again, in place and with the same arguments, right after `strategy.setup`, before
+  any hook that runs a step (the tuner's trials run in `on_fit_start`).
+- With a wrapper (DDP while fitting, FSDP in every stage), the wrapper itself is compiled, with
+  `nn.Module.compile`, so Lightning's `isinstance(..., DistributedDataParallel)` checks and the
+  state-dict keys stay. Without one, or with `fullgraph=True` (DDP's forward calls its C++
+  reducer, which no single graph holds), the LightningModule's steps are, with `from_compiled`.
+- Each step keeps its signature, and everything is undone in `_teardown`, on every path.
+- The arguments are the ones Fabric captured from `torch.compile`, which since the previous
+  patch keep the user's backend object itself: a backend that counts graphs or holds state (a
+  `CompileCounter`) compiles after the wrap as it did on master.
+- `strategy="ddp_spawn"` with a compiled model works: master failed to pickle it ("Can't pickle
+  BoringModel.forward: it's not the same object"). The model is unwrapped before the spawn.
+- The strategy check of `_verify_strategy_supports_compile` is now
+  `_verify_strategy_can_compile`, which the Trainer also calls when it unwraps a compiled model,
+  since the unwrapped model is not compiled yet. The message and the strategies refused are
+  unchanged.
+- A behaviour change, in the CHANGELOG: a later stage runs the model compiled when it is passed
+  compiled again, or not at all (`trainer.test()`). On master `fit` left the model's steps
+  compiled, so `trainer.test(model)` with the plain model ran compiled; now it runs uncompiled,
+  and the Trainer warns when the model passed compiled to an earlier stage comes back without
+  its wrapper.
+- It needs torch 2.6, the oldest it was tested with. Before that, a compiled model is compiled
+  as it was.
 
-Dynamo guards on each run's new wrapper in the forward redirection's `wrapped_forward`, code that
-every run shares, and counts its recompile limit per code object for the whole process: left so,
-the 9th DDP fit of a process ran with no compiled code, where master compiled 16 of 20. So when
-a run ends, `wrapped_forward`'s entries are dropped if the run grew them past half of the limit
-(20 DDP fits of 20 widths in one process: all compiled, on torch 2.6.0 and 2.13.0).
-`torch.compile(isolate_recompiles=True)` (2.13) was tried instead and rejected: every fit opened
-a region that nothing freed, so the 257th DDP fit ran eagerly (`accumulated_recompile_limit`),
-and every fit compiled again. No other code is touched: a function the user compiled keeps all
-of its own entries. The cost, with the reset: 30 DDP fits of one model class in one process
-compile 1 graph on torch 2.13, as master; on torch 2.6.0, where Dynamo guards on the wrapper
-object itself, 30 (master: 1). Other code that a process's many models of other shapes share
-(the step methods of one class, without a wrapper) reaches the limit as on master, and the docs
-say to call `torch.compiler.reset()` between such fits. Fabric, which compiles its wrapper the
-same way, has no such reset and reaches the limit: 12 `Fabric.setup`s of a compiled module of
-12 widths under DDP in one process (Lightning 2.6.6, torch 2.13) ran their steps compiled 8
-times, then uncompiled. So if the maintainers would rather not use the private reset, dropping
-it gives the Trainer Fabric's behaviour, a regression against master for a process that fits
-more than 8 models under DDP, of new shapes or of new classes (a test suite, a notebook): after
-8, every fit runs uncompiled, where master compiled 16 of 20 widths and all of 12 classes.
-A public-API alternative, `torch.compiler.disable(wrapped_forward, recursive=False)` in the
-redirection, with no reset, lets Dynamo run `wrapped_forward` eagerly and compile the step as a
-frame of its own. It moves the pile-up to the step's code, which a model's widths and a class's
-subclasses share (torch 2.13, DDP on one process, each fit by its own Trainer): 10 fits of 10
-widths compiled 8, and 12 subclasses of one model, which share its `training_step`, compiled 8,
-then none; with the reset, all of them.
+**Many fits in one process.** Dynamo guards on each run's new wrapper in the forward
+redirection's `wrapped_forward`, code that every run shares, and counts its recompile limit per
+code object for the whole process. Left so, the 9th DDP fit of a process ran with no compiled
+code, where master compiled 16 of 20. So when a run ends, `wrapped_forward`'s entries are
+dropped if the run grew them past half of the limit: 20 DDP fits of 20 widths in one process
+all compiled, on torch 2.6.0 and 2.13.0. No other code is touched: a function the user compiled
+keeps all of its own entries.
+- The cost: 30 DDP fits of one model class in one process compile 1 graph on torch 2.13, as
+  master; on torch 2.6.0, where Dynamo guards on the wrapper object itself, 30 (master: 1).
+- Other code that a process's many models of other shapes share (the step methods of one
+  class, without a wrapper) reaches the limit as on master, and the docs say to call
+  `torch.compiler.reset()` between such fits.
+- Without the reset, the Trainer would behave as Fabric does. Fabric compiles its wrapper the
+  same way, with no reset: 12 `Fabric.setup`s of a compiled module of 12 widths under DDP in one
+  process (Lightning 2.6.6, torch 2.13) ran their steps compiled 8 times, then uncompiled. For
+  the Trainer that is a regression against master for a process that fits more than 8 models
+  under DDP, of new shapes or of new classes (a test suite, a notebook): after 8, every fit runs
+  uncompiled, where master compiled 16 of 20 widths and all of 12 classes.
+- Tried instead and rejected: `torch.compile(isolate_recompiles=True)` (2.13), where every fit
+  opened a region that nothing freed, so the 257th DDP fit ran eagerly
+  (`accumulated_recompile_limit`) and every fit compiled again; and the public
+  `torch.compiler.disable(wrapped_forward, recursive=False)` in the redirection, which lets
+  Dynamo run `wrapped_forward` eagerly and compile the step as a frame of its own, but moves the
+  pile-up to the step's code, which a model's widths and a class's subclasses share (torch 2.13,
+  DDP on one process, each fit by its own Trainer): 10 fits of 10 widths compiled 8, and 12
+  subclasses of one model, which share its `training_step`, compiled 8, then none. With the
+  reset, all of them.
 
-This needs a maintainer's sign-off on the private torch names it uses, none of which has a
-public equivalent, each with what happens without it:
+**Private names.** None has a public equivalent. Each, with what happens without it:
 - `torch._C._dynamo.eval_frame._debug_get_cache_entry_list` and `reset_code` (tested on 2.6.0,
   2.9.1 and 2.13.0), for the reset above, and `wrapped_forward`, found among the code objects
   nested in `_ForwardRedirection.__call__`. The wrapper is compiled only where all three are
-  found; on a torch without them, or after a refactor of the redirection, the steps are
+  found. On a torch without them, or after a refactor of the redirection, the steps are
   compiled inside the wrapper instead, as on master (with `fullgraph=True` too), with a
-  warning: a process's later fits stay compiled, as master's do (a test deletes each name and
-  fits 10 models of 10 widths under DDP: every fit compiled, the wrapper's call not).
+  warning, and a process's later fits stay compiled, as master's do (a test deletes each name
+  and fits 10 models of 10 widths under DDP: every fit compiled, the wrapper's call not).
 - `nn.Module._compiled_call_impl`, where `nn.Module.compile` keeps the compiled call: popped
   from the wrapper to undo the compile, since torch has no public way to uncompile a module (a
   test fails first if torch renames it).
@@ -454,67 +469,62 @@ public equivalent, each with what happens without it:
 Trainer of the same process compiles its next step through the redirection again (one compile,
 no other effect).
 
-A later stage runs the model compiled when it is passed compiled again or not at all
-(`trainer.test()`). On master `fit` left the model's steps compiled, so `trainer.test(model)`
-with the plain model ran compiled; now it runs uncompiled, and the Trainer warns when the model
-passed compiled to an earlier stage comes back without its wrapper. The CHANGELOG says so.
+**What it buys, and on which torch.** Fabric's behaviour, PyTorch's advice to compile the
+wrapped module, and the wrapper's call (`Module._call_impl`, with its forward hooks) in the
+compiled code; the step is compiled as a frame of its own inside it, as on master.
+- It does not put DDP's own pre- and post-forward (bucket preparation, buffer broadcast) in the
+  compiled code, on any torch tested. Under DDP's default C++ reducer, Dynamo skips DDP's
+  `forward` (torch 2.6: its file is skipped) or breaks at `_inside_ddp_forward`, which torch
+  marks skipped on purpose ("dynamo only kicks in for the module_to_run underneath"). DDP's
+  `_pre_forward` and `_post_forward` run as Python at every step, whether the wrapper or the
+  steps are compiled; on 2.6 and 2.8 its `forward` does too, and on 2.13 only `forward`'s own
+  frame is converted. Their frames were counted with `sys.setprofile`, which Dynamo cannot fold
+  away, on torch 2.6.0, 2.7.1, 2.8.0, 2.13.0 and 2.14.1. An earlier version of this text said
+  they were traced from torch 2.9, from a probe whose counter Dynamo compiled away.
+- Not bought either: DDPOptimizer's bucketed split, which Dynamo applies to any frame converted
+  inside DDP's forward, master's included; #20242's crash, gone from torch itself since 2.7
+  (pytorch#147123); the tuner's trials running compiled, which they did on master too (its test
+  guards the compile point against a later one).
+- Measured on CPU only (torch 2.13, the demo GPT of 4 layers, DDP on 2 gloo processes, 40
+  steps, two runs): the steady step took 0.93 and 0.99 of master's, with 29 frames converted
+  against 6 and 3 graph breaks against 0. No GPU number yet.
+- The other design (the steps compiled inside the wrapper after `strategy.setup`, the path this
+  patch already takes with `fullgraph=True` or without the private names) compiles the same
+  step code, with DDP's own code as Python in both designs. It converts fewer frames, with no
+  graph breaks in DDP's code (2 frames against 7 to 31 in a reviewer's probe on torch 2.6, 2.8
+  and 2.13, the same DDPOptimizer split), needs none of the private names, does not compile
+  again at every fit on torch 2.6, and keeps the unwrap (the `ddp_spawn` fix), the compile point
+  and the undo. It gives up Fabric's behaviour, the wrapper's hooks in the graph, and what FSDP
+  gains, which needs a GPU run to know.
 
-Tests: `test_trainer_reapply_compile.py`. Of those that fail on master (11, counting each
+**The record on compiling the wrapper.** For it: lantiga on #15922 (2022: "probably
+compile(ddp(orig model)) is the way to go for distributed"); #19280 and #19382 (2024), which
+made it Fabric's default after measuring no considerable change in step time on FSDP models on
+8 A100s; awaelchli on lightning-thunder#1146 (2024: "it is just ensuring that torch.compile is
+applied over the FSDP/DDP wrapped model"); lantiga on #20269 (above). Against it: carmocca on
+#17250 (2023: "Right now there are barely any optimizations from compiling the wrapped module,
+so I would recommend that you compile the original module and then wrap it which will also be
+less prone to graph breaks. This might change in the future"). Fabric's docs say that its
+re-apply lets "the compilation incorporate the distributed calls and optimize them". Under
+DDP's C++ reducer it does not, and it can lose the whole compile: on torch 2.13 (CPU, one gloo
+process), `fabric.setup(torch.compile(model))` of an `nn.Sequential` under DDP ran no compiled
+graph in 5 steps, because Dynamo breaks in DDP's code and starts no frame in torch's own
+modules (`torch/nn` is in its skip list). With `_reapply_compile=False`, or with a module class
+of the user's own, one graph ran at every step. The Trainer's steps are LightningModule
+methods, never torch's code, so this patch compiles them in both designs. It follows #20269
+and Fabric; the other design is its `from_compiled` branch alone, and would change the tests
+that check the wrapper's call.
+
+**Tests.** `test_trainer_reapply_compile.py`. Of those that fail on master (11, counting each
 parameter), 8 check the compile point (the wrapper's call runs compiled, on one process and on
 two with `ddp_spawn`, whose pickling of a compiled model failed on master), the undo (nothing
 compiled left on the model after a run, and after a run that raises) and the fallback without
 the private names; 2 the warning when the model comes back plain (master ran it compiled); and
-one, the steps' signatures, fails on master through the `from_compiled` bug of the second patch. The
-others pass on master and guard what the re-apply must keep: the user's backend object compiling
-again (fixed by the fourth patch), a process that fits many models compiling every fit (what the
-reset keeps), the tuner's trials compiled (a compile after the `on_fit_start` hooks fails it),
-and each stage compiling its step once.
-
-What it buys, and on which torch: Fabric's behaviour, PyTorch's advice to compile the wrapped
-module, and the wrapper's call (`Module._call_impl`, with its forward hooks) in the compiled
-code; the step is compiled as a frame of its own inside it, as on master. It does not put DDP's
-own pre- and post-forward (bucket preparation, buffer broadcast) in the compiled code, on any
-torch tested: under DDP's default C++ reducer, Dynamo skips DDP's `forward` (torch 2.6: its
-file is skipped) or breaks at `_inside_ddp_forward`, which torch marks skipped on purpose
-("dynamo only kicks in for the module_to_run underneath"), and DDP's `_pre_forward` and
-`_post_forward` run as Python at every step, whether the wrapper or the steps are compiled; on
-2.6 and 2.8 its `forward` does too, and on 2.13 only `forward`'s own frame is converted (their
-frames counted with `sys.setprofile`, which Dynamo cannot fold away, on torch 2.6.0, 2.7.1,
-2.8.0, 2.13.0 and 2.14.1; an earlier version of this text said they were traced from torch 2.9,
-from a probe whose counter Dynamo compiled away). Not bought either: DDPOptimizer's bucketed
-split, which Dynamo applies to any frame converted inside DDP's forward, master's included;
-#20242's crash, gone from torch itself since 2.7 (pytorch#147123); the tuner's trials running
-compiled, which they did on master too (its test guards the compile point against a later one).
-Measured on CPU only (torch 2.13, the demo GPT of 4 layers, DDP on 2 gloo processes, 40 steps,
-two runs): the steady step took 0.93 and 0.99 of master's, with 29 frames converted against 6
-and 3 graph breaks against 0. No GPU number yet. So the maintainers may prefer the same patch
-without the compile of the wrapper: the steps compiled inside the wrapper after
-`strategy.setup`, the path it already takes with `fullgraph=True` or without the private names.
-That compiles the same step code, with DDP's own code as Python in both designs, converts fewer
-frames with no graph breaks in DDP's code (2 frames against 7 to 31 in a reviewer's probe on
-torch 2.6, 2.8 and 2.13, the same DDPOptimizer split), needs none of the private names, does
-not compile again at every fit on torch 2.6, and keeps the unwrap (the `ddp_spawn` fix), the
-compile point and the undo; it gives up Fabric's behaviour and the wrapper's hooks in the
-graph, and what FSDP gains, which needs a GPU run to know.
-
-The maintainers' record on compiling the wrapper, for that decision. For it: lantiga on #15922
-(2022: "probably compile(ddp(orig model)) is the way to go for distributed"); #19280 and #19382
-(2024), which made it Fabric's default after measuring no considerable change in step time on
-FSDP models on 8 A100s; awaelchli on lightning-thunder#1146 (2024: "it is just ensuring that
-torch.compile is applied over the FSDP/DDP wrapped model"); lantiga on #20269 (above). Against
-it: carmocca on #17250 (2023: "Right now there are barely any optimizations from compiling the
-wrapped module, so I would recommend that you compile the original module and then wrap it which
-will also be less prone to graph breaks. This might change in the future"). Fabric's docs
-say that its re-apply lets "the compilation incorporate the distributed calls and optimize
-them". Under DDP's C++ reducer it does not, and it can lose the whole compile: on torch 2.13
-(CPU, one gloo process), `fabric.setup(torch.compile(model))` of an `nn.Sequential` under DDP
-ran no compiled graph in 5 steps, because Dynamo breaks in DDP's code and starts no frame in
-torch's own modules (`torch/nn` is in its skip list); with `_reapply_compile=False`, or a module
-class of the user's own, one graph ran at every step. The Trainer's steps are LightningModule
-methods, never torch's code, so this patch compiles them in both designs. This PR follows #20269
-and Fabric; the other design is its `from_compiled` branch alone, and would change its tests
-that check the wrapper's call. It needs torch 2.6, the oldest it was tested with; before that a
-compiled model is compiled as it was.""",
+one, the steps' signatures, fails on master through the `from_compiled` bug of the second
+patch. The others pass on master and guard what the re-apply must keep: the user's backend
+object compiling again (fixed by the fourth patch), a process that fits many models compiling
+every fit (what the reset keeps), the tuner's trials compiled (a compile after the
+`on_fit_start` hooks fails it), and each stage compiling its step once.""",
     modules=("compile_connector",),
     tests=("tests_pytorch/trainer/test_trainer_reapply_compile.py",),
     edits=(
