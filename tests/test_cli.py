@@ -129,7 +129,7 @@ def test_help_lists_use_compile(capsys):
         cli("--help")
     out = capsys.readouterr().out
     assert "--trainer.use_compile USE_COMPILE" in out
-    assert "strategy has wrapped it" in out
+    assert "strategy has set it up" in out
 
 
 def test_yaml_config_runs_fit_compiled(tmp_path, counting):

@@ -78,7 +78,7 @@ def test_signature_and_docstring_show_use_compile(flavour):
     assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
     assert parameter.default is None
     doc = cls.__init__.__doc__
-    assert "use_compile: Compile the model with ``torch.compile`` after the strategy has wrapped it" in doc
+    assert "use_compile: Compile the model with ``torch.compile`` after the strategy has set it up" in doc
     assert doc.index("use_compile:") < doc.index("Raises:")
 
 

@@ -66,18 +66,14 @@ def _src_lines_added(patch_file: Path) -> int:
     )
 
 
-@pytest.mark.parametrize(("subject", "most"), [("REAPPLY", 165), ("USE_COMPILE", 125)])
+@pytest.mark.parametrize(("subject", "most"), [("REAPPLY", 120), ("USE_COMPILE", 125)])
 def test_the_rungs_a_maintainer_would_merge_stay_small(subject, most):
-    # Fabric's re-apply (#19280) was 94 src lines; the re-apply adds its connector (about 75 lines with docstrings,
-    # 13 of license), the Trainer's calls, the strategy check (its body moved into a function of its own, which the
-    # Trainer calls for a model it is to compile: 13 lines), and the reset of the forward redirection's entries (each
-    # DDP fit adds one; without it, the 9th DDP fit of a process ran with no compiled code, where master compiled every
-    # fit), with the steps compiled inside the wrapper on a torch without the private names it uses, and a warning
-    # when a model passed compiled to an earlier stage comes back plain: 165 (the run's arguments and
-    # `on_run_start` are the seam's). The fix of Fabric's capture is a rung of
-    # its own; the reset of any other code a process's runs crowded is the seam's (fork-only), as two
-    # reviews asked. `use_compile`: the flag, its check by `torch.compile`, and the refusal of a model compiled by hand
-    # otherwise
+    # Fabric's re-apply (#19280) was 94 src lines; the re-apply adds its connector (89 lines with docstrings, 13 of
+    # license), the Trainer's calls, the strategy check (its body moved into a function of its own, which the
+    # Trainer calls for a model it is to compile: 13 lines), and a warning when a model passed compiled to an earlier
+    # stage comes back plain: 120. It compiles the steps, not the wrapper, so it needs no reset of the forward
+    # redirection (the seam's, with the wrapper's compile). The fix of Fabric's capture is a rung of its own.
+    # `use_compile`: the flag, its check by `torch.compile`, and the refusal of a model compiled by hand otherwise
     for base_name in series.BASES:
         number = [patch.subject for patch in series.series(base_name)].index(getattr(series, subject).subject) + 1
         [patch_file] = patchset.series_dir(base_name).glob(f"{number:04d}-*.patch")
@@ -97,11 +93,14 @@ def test_the_core_stack_is_the_fixes_then_the_reapply_then_use_compile_then_the_
         assert {type(edit).__name__ for edit in fix.edits} >= {"ReplaceDef"}
 
 
-def test_the_reapply_rung_adds_no_argument_and_no_seam():
+def test_the_reapply_rung_adds_no_argument_no_seam_and_no_private_torch_name():
     connector = patchset.render_module("compile_connector", set())
     assert "use_compile" not in connector
     assert "_CompileFeature" not in connector
     assert "compile_features" not in connector
+    # it compiles the steps (`from_compiled`), not the wrapper, and resets nothing: none of the wrapper's private names
+    for private in ("torch._C", "torch._dynamo.config", "reset_code", "_compiled_call_impl", "wrapped_forward"):
+        assert private not in connector, private
     trainer_lines = "\n".join(edit.new for edit in series.REAPPLY.edits if edit.path == series.TRAINER)
     assert "use_compile" not in trainer_lines
     ast.parse(connector)

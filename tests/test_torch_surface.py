@@ -35,12 +35,10 @@ SOURCES = (
 TORCH_2_6 = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 6)
 
 #: Private names of torch outside the surface module, by file: Lightning's own `utilities/compile.py` imports
-#: `OptimizedModule` from `torch._dynamo` (there is no public name for the class `torch.compile` returns); the core
-#: (the re-apply rung, 0005, which applies without the seam and its surface) resets the entries its runs add to
-#: Lightning's forward redirection, as the surface does.
+#: `OptimizedModule` from `torch._dynamo` (there is no public name for the class `torch.compile` returns).
 ALLOWED_OUTSIDE = {
     "lightning_fixes.py": {"torch._dynamo.OptimizedModule"},
-    "compile_connector.py": {"torch._dynamo.OptimizedModule", "torch._dynamo.config", "torch._C._dynamo.eval_frame"},
+    "compile_connector.py": {"torch._dynamo.OptimizedModule"},
 }
 #: DDP's private attributes, which only the surface reads.
 DDP_PRIVATE = ("_use_python_reducer", "_accum_grad_hooks", "_check_sync_bufs_pre_fwd", "_check_sync_bufs_post_fwd")
@@ -197,8 +195,10 @@ def test_compilation_metrics_give_dynamos_reason_for_a_skipped_frame():
     assert "loop" in metrics.fail_reason.lower()  # the cause run_summary reads
 
 
-@exercises("converted_codes", "cache_entries", "reset_code")
+@exercises("converted_codes", "cache_entries", "reset_code", "per_code_reset")
 def test_each_converted_code_is_listed_and_can_be_reset():
+    assert surface.per_code_reset()
+
     def f(x):
         return x - 1
 

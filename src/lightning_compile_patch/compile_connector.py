@@ -1,9 +1,9 @@
-"""Compiles a ``torch.compile``-d model again after the strategy has wrapped it, in every stage, as Fabric does.
+"""Compiles a ``torch.compile``-d model again after the strategy has set it up, in every stage.
 
 :meth:`_CompileConnector.unwrap` takes the LightningModule passed to ``fit``/``validate``/``test``/``predict`` out of
 its ``torch.compile`` wrapper and keeps its arguments. Right after ``strategy.setup``, before any hook that runs a step,
-:meth:`~_CompileConnector.compile` compiles in place, with them, what the strategy calls: the wrapper (DDP, FSDP), which
-keeps its type and state-dict keys, or else the LightningModule's steps. :meth:`~_CompileConnector.teardown` undoes it.
+:meth:`~_CompileConnector.compile` compiles the LightningModule's steps in place, with them: the strategy runs them
+directly, or inside its wrapper (DDP, FSDP). :meth:`~_CompileConnector.teardown` undoes it.
 
 """
 # [ladder package]
@@ -20,7 +20,7 @@ import inspect  # [ladder use_compile]
 import os  # [ladder features]
 import pkgutil  # [ladder features]
 import re  # [ladder features]
-import types
+import types  # [ladder features]
 from collections.abc import Mapping
 from dataclasses import dataclass, field  # [ladder features]
 from typing import Any, Callable, Optional, cast
@@ -36,10 +36,11 @@ from lightning_compile_patch.compile_features import _torch_surface as surface  
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.strategies import ModelParallelStrategy  # [ladder features]
-from lightning.pytorch.strategies.strategy import _ForwardRedirection
+from lightning.pytorch.strategies.strategy import _ForwardRedirection  # [ladder features]
 from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
 from lightning.pytorch.utilities.compile import _verify_strategy_can_compile, from_compiled, to_uncompiled
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info  # [ladder features]
 
 _USE_COMPILE = Optional[Union[bool, dict[str, Any]]]  # [ladder use_compile]
 _Scope = Literal["compile", "run"]  # [ladder features]
@@ -271,7 +272,7 @@ class _CompileConnector:
 
     # [/ladder]
     def compile(self) -> None:
-        """Compiles, in place, what the strategy calls in this stage, after the strategy has wrapped the model."""
+        """Compiles, in place, what the strategy runs in this stage, now that the strategy has set the model up."""
         # [ladder !use_compile] kwargs = self._input_kwargs
         # [ladder !features use_compile] kwargs = self.compile_kwargs if self.enabled else self._input_kwargs
         # [ladder !features] if kwargs is None:
@@ -285,26 +286,14 @@ class _CompileConnector:
         kwargs = {**self.run_kwargs, **step_only}
         self.step_kwargs = _Frozen(kwargs)
         # [/ladder]
-        module, wrapper = self.trainer.lightning_module, self.trainer.strategy.model
+        module = self.trainer.lightning_module
+        # [ladder features]
+        wrapper = self.trainer.strategy.model
         assert wrapper is not None
-        if wrapper is not module and kwargs.get("fullgraph"):
-            # DDP's own forward calls into its C++ reducer, which no graph can hold: its steps are compiled inside it
-            rank_zero_info("`fullgraph=True`: the steps are compiled inside the strategy's wrapper, not the wrapper.")
-        elif wrapper is not module and (reset := _redirection_reset()) is not None:
-            # DDP, FSDP: the strategy calls every step through the wrapper, so the wrapper's call is compiled, with the
-            # step and the loss, as Fabric does (DDP's own pre- and post-forward still run as Python: torch keeps
-            # DDP's inner module call outside the outer graph)
-            wrapper.compile(**kwargs)
-            # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
-            self.defer(wrapper.__dict__.pop, "_compiled_call_impl", None)
-            self.defer(reset)
-            # [ladder features]
-            compiled = wrapper._compiled_call_impl
-            assert compiled is not None
-            wrapper._compiled_call_impl = self._wrap(compiled, wrapper._call_impl, module_call=True)
-            # [/ladder]
+        if wrapper is not module and (self.enabled or self.input_defaults) and self._compile_wrapper(wrapper, kwargs):
             return
-        # no wrapper (one device, or a stage without one): the strategy calls the step methods directly
+        # [/ladder]
+        # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
         # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
         # [ladder use_compile]
         # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which would leave `_compile_kwargs` on the module
@@ -317,6 +306,30 @@ class _CompileConnector:
             original = module._compiler_ctx[f"original_{name}"]
             if callable(original):  # `validation_step = None` turns the loop off
                 setattr(module, name, self._wrap(getattr(module, name), original, module_call=False))
+
+    def _compile_wrapper(self, wrapper: torch.nn.Module, kwargs: Mapping[str, Any]) -> bool:
+        """Compiles the wrapper's call in place, as Fabric does; ``False`` where the steps are compiled inside it.
+
+        The fork's features plug into the wrapper's whole call (``module_call``): the python reducer of compiled
+        autograd traces DDP's forward only inside it. Upstream, the steps are compiled inside the wrapper: under DDP's
+        C++ reducer, compiling the wrapper adds frames and graph breaks and no DDP code to the compiled code.
+
+        """
+        if kwargs.get("fullgraph"):
+            # DDP's own forward calls into its C++ reducer, which no graph can hold: its steps are compiled inside it
+            rank_zero_info("`fullgraph=True`: the steps are compiled inside the strategy's wrapper, not the wrapper.")
+            return False
+        reset = _redirection_reset()
+        if reset is None:
+            return False
+        wrapper.compile(**kwargs)
+        # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
+        self.defer(wrapper.__dict__.pop, "_compiled_call_impl", None)
+        self.defer(reset)
+        compiled = wrapper._compiled_call_impl
+        assert compiled is not None
+        wrapper._compiled_call_impl = self._wrap(compiled, wrapper._call_impl, module_call=True)
+        return True
 
     def compile_step(self, name: str) -> None:
         """Compiles the LightningModule's step ``name`` on the instance, as this run compiles steps, until it ends."""
@@ -419,37 +432,35 @@ class _CompileConnector:
     # [ladder !features]             stack.callback(step)
 
 
+# [ladder features]
 def _redirection_reset() -> Optional[Callable[[], None]]:
     """What drops, when the run ends, the entries of Lightning's forward redirection past half of the recompile limit.
 
     Each run's wrapper is a new object, which Dynamo guards on in the redirection's ``wrapped_forward``, code that every
     run shares: a process that fits many models under DDP would reach Dynamo's recompile limit there, and run its later
     fits without compiled code. Through Dynamo's private per-code reset: torch has no public way to drop one code
-    object's entries. ``None`` on a torch without it: the steps are then compiled inside the wrapper, as before.
+    object's entries. ``None`` on a torch without it: the steps are then compiled inside the wrapper, as upstream.
 
     """
-    eval_frame, config = torch._C._dynamo.eval_frame, torch._dynamo.config
-    limit = getattr(config, "recompile_limit", None) or config.cache_size_limit
-    entries, reset_code = (getattr(eval_frame, name, None) for name in ("_debug_get_cache_entry_list", "reset_code"))
     nested = _ForwardRedirection.__call__.__code__.co_consts
     codes = [c for c in nested if isinstance(c, types.CodeType) and c.co_name == "wrapped_forward"]
-    if entries is None or reset_code is None or len(codes) != 1:
+    if not surface.per_code_reset() or len(codes) != 1:
         missing = f"torch {torch.__version__} has no per-code reset" if codes else "no `wrapped_forward` was found"
         rank_zero_warn(
             f"The compile of the strategy's wrapper needs Dynamo's private per-code reset on Lightning's forward"
-            f" redirection, and {missing}: the steps are compiled inside the wrapper instead, as in Lightning before."
+            f" redirection, and {missing}: the steps are compiled inside the wrapper instead."
         )
         return None
     [code] = codes
+    limit = surface.recompile_limit()
 
     def reset() -> None:
-        if len(entries(code)) > limit // 2:
-            reset_code(code)  # its entries, its recompile count and its "skip" mark
+        if surface.cache_entries(code) > limit // 2:
+            surface.reset_code(code)  # its entries, its recompile count and its "skip" mark
 
     return reset
 
 
-# [ladder features]
 def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
     """What resets, when the run ends, the shared code whose entries it grew past half of Dynamo's recompile limit.
 
@@ -522,9 +533,12 @@ def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any])
 
 
 def _explicit(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``torch.compile`` arguments without those that have its default value (``mode="default"`` is ``mode=None``)."""
+    """``torch.compile`` arguments without those that have its default value, a ``None`` read as what it stands for."""
+    # `mode=None` is "default"; `backend=None` is inductor, torch 2.13's default in the signature (2.6's: "inductor")
+    meaning = {"mode": "default", "backend": "inductor"}
     defaults = {name: p.default for name, p in inspect.signature(torch.compile).parameters.items()}
-    defaults["mode"] = "default"  # what `mode=None` means
+    defaults = {**defaults, **{key: value for key, value in meaning.items() if defaults.get(key) is None}}
+    kwargs = {key: meaning.get(key) if value is None and key in meaning else value for key, value in kwargs.items()}
     return {key: value for key, value in kwargs.items() if value != defaults.get(key, inspect.Parameter.empty)}
 
 

@@ -197,9 +197,11 @@ class _ForwardRedirection:
         try:
             wrapper_output = wrapper_module(*args, **kwargs)
         finally:
-            # if the call raised before `wrapped_forward` ran (a compile error, an interrupt), unpatch here, and undo
-            # what `on_after_inner_forward` may have set (DDP's gradient sync, off under manual optimization)
-            original_module.forward = original_forward  # type: ignore[method-assign]
+            # if the call raised before `wrapped_forward` ran (a compile error, an interrupt), unpatch here (and only
+            # then: a `forward` the step set stays), and undo what `on_after_inner_forward` may have set (DDP's
+            # gradient sync, off under manual optimization)
+            if original_module.__dict__.get("forward") is wrapped_forward:
+                original_module.forward = original_forward  # type: ignore[method-assign]
             self.on_after_outer_forward(wrapper_module, original_module)
         return wrapper_output
 
@@ -232,8 +234,10 @@ class _FabricModule:
             try:
                 return self.forward(*args, **kwargs)
             finally:
-                # if the call raised before `wrapped_forward` ran (a hook that raised, an interrupt), unpatch here
-                self._original_module.forward = original_forward
+                # if the call raised before `wrapped_forward` ran (a hook that raised, an interrupt), unpatch here, and
+                # only then: a `forward` the step set stays
+                if self._original_module.__dict__.get("forward") is wrapped_forward:
+                    self._original_module.forward = original_forward
 
         return call_forward_module
 

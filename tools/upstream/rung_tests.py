@@ -14,9 +14,13 @@ id). First each fix must ``git am -3`` alone on Lightning master; then the tests
   old placement it changes);
 * the re-apply's and ``use_compile``'s files on two mutants of the ladder up to ``use_compile``, which each file must
   fail:
-  ``compiles before the wrap`` (the connector compiles the LightningModule's steps, never the wrapper: master's
-  placement) and ``compiles after the on_fit_start hooks`` (the compile call moved to the start of ``_run_stage``,
-  after the hooks where the tuner runs its trials: where the first version of the core compiled).
+  ``compiles before the launch`` (the Trainer does not unwrap the model passed in, so ``fit`` compiles its steps with
+  ``from_compiled`` before the strategy's launcher and setup, and leaves them compiled: master's placement) and
+  ``compiles after the on_fit_start hooks`` (the compile call moved to the start of ``_run_stage``, after the hooks
+  where the tuner runs its trials: where the first version of the core compiled). Since ``torch.compile`` is lazy, a
+  step compiled before the wrap or after it is traced at its first call, inside the wrapper, alike: what tells the
+  re-apply from master is the unwrap (``ddp_spawn``'s pickling, nothing compiled left on the model, the warning of a
+  later stage), and the compile point before the tuner's hooks.
 
 Lightning's tests run as its CI runs them (``cd tests && PYTHONPATH=../src python -m pytest``, `tools/lightning_ci.py`).
 Exits 1 if any target does not do what it must, with a table of each file's outcome.
@@ -40,29 +44,22 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(HERE.parent))
 
 import lightning_ci  # noqa: E402
-from upstream.series import REAPPLY, USE_COMPILE, AddTests, Patch, series  # noqa: E402
+from upstream.series import _UNWRAP_NEW, _UNWRAP_OLD, REAPPLY, USE_COMPILE, AddTests, Patch, series  # noqa: E402
 
-CONNECTOR = "src/lightning/pytorch/trainer/connectors/compile_connector.py"
 #: Lightning's own tests of its compile helpers, which the re-apply changes (two assertions of the old placement).
 LIGHTNING_COMPILE_TESTS = "tests_pytorch/utilities/test_compile.py"
 TRAINER = "src/lightning/pytorch/trainer/trainer.py"
 _COMPILE_CALL = "        self._compile_connector.compile()\n"
 _COMPILE_COMMENT = (
-    "        # compile what the strategy runs, now that it has wrapped the model, before any hook runs a step\n"
+    "        # compile what the strategy runs, now that it has set the model up, before any hook runs a step\n"
 )
 _RUN_STAGE = '        self.strategy.barrier("run-stage")\n'
-#: Each mutant: the file it changes, and the text replaced in it (which must be there once).
-MUTANTS: dict[str, list[tuple[str, str, str]]] = {
-    "compiles before the wrap": [
-        (
-            CONNECTOR,
-            "        module, wrapper = self.trainer.lightning_module, self.trainer.strategy.model\n",
-            "        module = wrapper = self.trainer.lightning_module\n",
-        ),
-    ],
+#: Each mutant: the file it changes, the text replaced in it, and how many copies of it the file holds.
+MUTANTS: dict[str, list[tuple[str, str, str, int]]] = {
+    "compiles before the launch": [(TRAINER, _UNWRAP_NEW, _UNWRAP_OLD, 4)],  # in `fit`, `validate`, `test`, `predict`
     "compiles after the on_fit_start hooks": [
-        (TRAINER, _COMPILE_COMMENT + _COMPILE_CALL, ""),
-        (TRAINER, _RUN_STAGE, _COMPILE_CALL + _RUN_STAGE),
+        (TRAINER, _COMPILE_COMMENT + _COMPILE_CALL, "", 1),
+        (TRAINER, _RUN_STAGE, _COMPILE_CALL + _RUN_STAGE, 1),
     ],
 }
 
@@ -99,11 +96,11 @@ class Target:
 
 def mutate(tree: Path, name: str) -> None:
     """Applies the mutant ``name`` to ``tree``."""
-    for path, old, new in MUTANTS[name]:
+    for path, old, new, copies in MUTANTS[name]:
         file = tree / path
         text = file.read_text()
-        if text.count(old) != 1:
-            raise SystemExit(f"mutant {name!r}: {path} holds {text.count(old)} copies of {old.strip()!r}, not one")
+        if text.count(old) != copies:
+            raise SystemExit(f"mutant {name!r}: {path} holds {text.count(old)} copies of {old.strip()!r}, not {copies}")
         file.write_text(text.replace(old, new))
 
 

@@ -218,8 +218,8 @@ _FIXED_REDIRECTION = (
     " optimization) after a step under DDP or FSDP raised"
 )
 _FIXED_FROM_COMPILED = (
-    "- Fixed `from_compiled` raising for a LightningModule with a step set to `None`, so that such a model could not be"
-    " passed to the Trainer compiled"
+    "- Fixed `from_compiled` raising for a LightningModule with a step set to `None`, which prevented passing such a"
+    " model compiled to the Trainer"
 )
 _FIXED_TO_UNCOMPILED = (
     "- Fixed `to_uncompiled` leaving bound copies of the step methods on the instance, which hid a method patched on"
@@ -246,8 +246,10 @@ LightningModule's `forward`, and unpatch it from inside the patched `forward`. W
 wrapper's call raises before it gets there (a forward pre-hook that raises, an error in DDP's
 pre-forward, a KeyboardInterrupt), the module kept the patched `forward`: its next call, `model(x)`,
 ran the step method instead and returned its output (a dict with the loss). Both now restore it in
-a `finally`, where the Trainer's redirection also calls `on_after_outer_forward`: under manual
-optimization DDP's turns gradient sync back on, which `on_after_inner_forward` had turned off.
+a `finally`, while the patched `forward` is still there (a `forward` that the step sets itself
+stays, as before), and the Trainer's redirection calls `on_after_outer_forward` there too: under
+manual optimization DDP's turns gradient sync back on, which `on_after_inner_forward` had turned
+off.
 
 Issue text:
 
@@ -339,8 +341,10 @@ Fabric captures the arguments of `torch.compile` so that `Fabric.setup` can comp
 again after the strategy wraps it (`_reapply_compile`, #19280). It kept a deep copy of them,
 the backend included, so the model was compiled again with a copy of the user's backend object:
 a backend that counts graphs or holds state (`torch._dynamo.testing.CompileCounter`, a backend
-that records graphs for a profiler) saw none of them. The capture now keeps the backend itself,
-and still copies the other arguments (`options` is a dict the caller may change later).
+that records graphs for a profiler) saw none of them, and a backend that cannot be copied (one
+that holds a lock) failed. A backend given as a name or a plain function was never affected:
+`deepcopy` returns a function itself. The capture now keeps the backend itself, and still copies
+the other arguments (`options` is a dict the caller may change later).
 
 Issue text:
 
@@ -369,51 +373,40 @@ _FIXED_SPAWN = (
     " processes are spawned"
 )
 _REAPPLIED = (
-    "- A `torch.compile`-d model passed to the Trainer is now compiled again, with the same arguments, after the"
-    " strategy wraps it, so that the DDP or FSDP wrapper itself is compiled, as in Fabric; the LightningModule passed"
-    " in is no longer left compiled after the run (its `_compiler_ctx` is `None`, and `to_uncompiled(model)` raises):"
-    " pass the compiled model again, or no model, to run `validate`, `test`"
-    " or `predict` compiled (the Trainer warns when its model comes back without its wrapper)"
-    f" {ISSUE}\n"
+    "- A `torch.compile`-d model passed to the Trainer now has its steps compiled, with the same arguments, after the"
+    " strategy has set it up and before any hook runs a step, and the LightningModule passed in is no longer left"
+    " compiled after the run (its `_compiler_ctx` is `None`, and `to_uncompiled(model)` raises): pass the compiled"
+    " model again, or no model, to run `validate`, `test` or `predict` compiled (the Trainer warns when its model"
+    f" comes back without its wrapper) {ISSUE}\n"
 )
 
 REAPPLY = Patch(
-    subject="Compile a `torch.compile`-d model again after the strategy wraps it",
+    subject="Compile a `torch.compile`-d model's steps again after the strategy sets it up",
     body="""\
-A compiled LightningModule passed to the Trainer had its step methods compiled
-(`from_compiled`) before the strategy wrapped it, so under DDP and FSDP the wrapper's call ran
-outside the compiled code, and the docs say the Trainer does not reapply `torch.compile` over
-DDP/FSDP (#20242). Fabric re-applies compile after the wrap (`_reapply_compile`, #19280,
-#19382). When #20269 (a `reapply_compile` flag) was closed, the maintainers asked for this
-whenever the model passed in is compiled, with no new argument. This patch does that.
-
-**Needed before merge, from the maintainers.**
-1. Whether to compile the wrapper at all. Under DDP it does not put DDP's own pre- and
-   post-forward in the compiled code, on any torch tested ("What it buys", below). The other
-   design is this patch's `from_compiled` branch alone: the steps compiled inside the wrapper
-   after `strategy.setup`, with none of the private names. The maintainers' record points both
-   ways ("The record", below).
-2. If the wrapper is compiled, a sign-off on the private torch names it uses ("Private names",
-   below, with what happens without each).
-3. A run of its standalone 2-GPU tests (DDP and FSDP). No GPU was available for this PR, so the
-   FSDP wrapper's compile has never run (Lightning refuses FSDP on CPU). Its tests and
-   Lightning's own tests of the files it touches pass on CPU (torch 2.13.0; 2.9.1 with DeepSpeed;
-   2.1.2).
+A compiled LightningModule passed to the Trainer has its step methods compiled
+(`from_compiled`) as soon as it is passed to `fit`/`validate`/`test`/`predict`, before the
+strategy's launcher and setup, and it stays compiled after the run. Under `strategy="ddp_spawn"`
+that fails: the launcher pickles the model, and a compiled step does not pickle ("Can't pickle
+BoringModel.forward: it's not the same object"). Fabric unwraps a compiled model in `setup` and
+compiles it again after the strategy's setup (`_unwrap_compiled`, `_reapply_compile`, #19280).
+When #20269 (a `reapply_compile` flag) was closed, lantiga asked for the re-apply "whenever we
+have an optimized model in input", with no new argument. This patch does that for the Trainer:
+it compiles the steps again after the strategy's setup, and does not compile the DDP/FSDP
+wrapper itself (below, "Why not the wrapper").
 
 **What changes.**
 - `fit`/`validate`/`test`/`predict` unwrap a compiled model (Fabric's `_unwrap_compiled`) and
-  compile it again, in place and with the same arguments, right after `strategy.setup`, before
-  any hook that runs a step (the tuner's trials run in `on_fit_start`).
-- With a wrapper (DDP while fitting, FSDP in every stage), the wrapper itself is compiled, with
-  `nn.Module.compile`, so Lightning's `isinstance(..., DistributedDataParallel)` checks and the
-  state-dict keys stay. Without one, or with `fullgraph=True` (DDP's forward calls its C++
-  reducer, which no single graph holds), the LightningModule's steps are, with `from_compiled`.
-- Each step keeps its signature, and everything is undone in `_teardown`, on every path.
+  keep its arguments. Right after `strategy.setup`, before any hook that runs a step (the
+  tuner's trials run in `on_fit_start`), the LightningModule's steps are compiled in place with
+  them (`from_compiled`). The strategy runs them directly, or inside its wrapper (DDP, FSDP),
+  which keeps its type and state-dict keys.
+- Each step keeps its signature, and the compile is undone in `_teardown` (`to_uncompiled`), on
+  every path, so nothing compiled is left on the model.
 - The arguments are the ones Fabric captured from `torch.compile`, which since the previous
   patch keep the user's backend object itself: a backend that counts graphs or holds state (a
-  `CompileCounter`) compiles after the wrap as it did on master.
-- `strategy="ddp_spawn"` with a compiled model works: master failed to pickle it ("Can't pickle
-  BoringModel.forward: it's not the same object"). The model is unwrapped before the spawn.
+  `CompileCounter`) sees the run's graphs, as it did on master.
+- `strategy="ddp_spawn"` with a compiled model works: the plain model is pickled, and each
+  process compiles its steps.
 - The strategy check of `_verify_strategy_supports_compile` is now
   `_verify_strategy_can_compile`, which the Trainer also calls when it unwraps a compiled model,
   since the unwrapped model is not compiled yet. The message and the strategies refused are
@@ -424,107 +417,54 @@ whenever the model passed in is compiled, with no new argument. This patch does 
   and the Trainer warns when the model passed compiled to an earlier stage comes back without
   its wrapper.
 - It needs torch 2.6, the oldest it was tested with. Before that, a compiled model is compiled
-  as it was.
+  as it was. No private torch name is used.
 
-**Many fits in one process.** Dynamo guards on each run's new wrapper in the forward
-redirection's `wrapped_forward`, code that every run shares, and counts its recompile limit per
-code object for the whole process. Left so, the 9th DDP fit of a process ran with no compiled
-code, where master compiled 16 of 20. So when a run ends, `wrapped_forward`'s entries are
-dropped if the run grew them past half of the limit: 20 DDP fits of 20 widths in one process
-all compiled, on torch 2.6.0 and 2.13.0. No other code is touched: a function the user compiled
-keeps all of its own entries.
-- The cost: 30 DDP fits of one model class in one process compile 1 graph on torch 2.13, as
-  master; on torch 2.6.0, where Dynamo guards on the wrapper object itself, 30 (master: 1).
-- Other code that a process's many models of other shapes share (the step methods of one
-  class, without a wrapper) reaches the limit as on master, and the docs say to call
-  `torch.compiler.reset()` between such fits.
-- Without the reset, the Trainer would behave as Fabric does. Fabric compiles its wrapper the
-  same way, with no reset: 12 `Fabric.setup`s of a compiled module of 12 widths under DDP in one
-  process (Lightning 2.6.6, torch 2.13) ran their steps compiled 8 times, then uncompiled. For
-  the Trainer that is a regression against master for a process that fits more than 8 models
-  under DDP, of new shapes or of new classes (a test suite, a notebook): after 8, every fit runs
-  uncompiled, where master compiled 16 of 20 widths and all of 12 classes.
-- Tried instead and rejected: `torch.compile(isolate_recompiles=True)` (2.13), where every fit
-  opened a region that nothing freed, so the 257th DDP fit ran eagerly
-  (`accumulated_recompile_limit`) and every fit compiled again; and the public
-  `torch.compiler.disable(wrapped_forward, recursive=False)` in the redirection, which lets
-  Dynamo run `wrapped_forward` eagerly and compile the step as a frame of its own, but moves the
-  pile-up to the step's code, which a model's widths and a class's subclasses share (torch 2.13,
-  DDP on one process, each fit by its own Trainer): 10 fits of 10 widths compiled 8, and 12
-  subclasses of one model, which share its `training_step`, compiled 8, then none. With the
-  reset, all of them.
+**Why not the wrapper.** #20269's first version compiled the DDP wrapper, as Fabric does by
+default since #19382, for DDP's "pre/post forward also compiled". Under DDP's default C++
+reducer that does not happen, on any torch tested: Dynamo skips DDP's `forward` (torch 2.6: its
+file is skipped) or breaks at `_inside_ddp_forward`, which torch marks skipped on purpose
+("dynamo only kicks in for the module_to_run underneath"), and DDP's `_pre_forward` and
+`_post_forward` run as Python at every step whether the wrapper or the steps are compiled
+(their frames counted with `sys.setprofile` on torch 2.6.0, 2.7.1, 2.8.0, 2.13.0 and 2.14.1).
+An earlier version of this patch compiled the wrapper, and it cost:
+- more Dynamo work for the same graph: for a `BoringModel` under DDP (eager backend, torch
+  2.13), 22 frames converted and 2 graph breaks in DDP's code, against 1 frame and no break
+  with the steps compiled, one graph either way;
+- three private torch names, to keep a process's later fits compiled: Dynamo guards on each
+  fit's new wrapper in the forward redirection's `wrapped_forward`, so without a reset the 9th
+  DDP fit of a process ran uncompiled, and on torch 2.6 every fit compiled again;
+- no measured speed-up: on CPU (the demo GPT of 4 layers, DDP on 2 gloo processes, torch 2.13)
+  the steady step took 0.93 and 0.99 of master's in two runs, within this machine's noise.
+Fabric's re-apply of the same placement loses the whole compile of a model whose `forward` is
+torch's own: on torch 2.13, `fabric.setup(torch.compile(nn.Sequential(...)))` under DDP ran no
+compiled graph (Dynamo breaks in DDP's code and starts no frame in `torch/nn`), where
+`_reapply_compile=False` ran one at every step. The Trainer's steps are LightningModule methods,
+so they compile either way. What FSDP would gain from compiling its wrapper needs a GPU run,
+which this PR could not do; it can follow with numbers. The record on this question points both
+ways: for compiling the wrapper, lantiga on #15922 ("probably compile(ddp(orig model)) is the
+way to go for distributed"), #19280 and #19382 (Fabric's default, after measuring no
+considerable change in step time on FSDP models on 8 A100s) and awaelchli on
+lightning-thunder#1146 ("it is just ensuring that torch.compile is applied over the FSDP/DDP
+wrapped model"); against it, carmocca on #17250 ("Right now there are barely any optimizations
+from compiling the wrapped module, so I would recommend that you compile the original module and
+then wrap it which will also be less prone to graph breaks. This might change in the future").
+The compile docs' limitation ("does not reapply `torch.compile` over DDP/FSDP") now says what
+the Trainer compiles, and why not the wrapper.
 
-**Private names.** None has a public equivalent. Each, with what happens without it:
-- `torch._C._dynamo.eval_frame._debug_get_cache_entry_list` and `reset_code` (tested on 2.6.0,
-  2.9.1 and 2.13.0), for the reset above, and `wrapped_forward`, found among the code objects
-  nested in `_ForwardRedirection.__call__`. The wrapper is compiled only where all three are
-  found. On a torch without them, or after a refactor of the redirection, the steps are
-  compiled inside the wrapper instead, as on master (with `fullgraph=True` too), with a
-  warning, and a process's later fits stay compiled, as master's do (a test deletes each name
-  and fits 10 models of 10 widths under DDP: every fit compiled, the wrapper's call not).
-- `nn.Module._compiled_call_impl`, where `nn.Module.compile` keeps the compiled call: popped
-  from the wrapper to undo the compile, since torch has no public way to uncompile a module (a
-  test fails first if torch renames it).
-`reset_code` drops entries of code that every run shares, for the whole process: another
-Trainer of the same process compiles its next step through the redirection again (one compile,
-no other effect).
-
-**What it buys, and on which torch.** Fabric's behaviour, PyTorch's advice to compile the
-wrapped module, and the wrapper's call (`Module._call_impl`, with its forward hooks) in the
-compiled code; the step is compiled as a frame of its own inside it, as on master.
-- It does not put DDP's own pre- and post-forward (bucket preparation, buffer broadcast) in the
-  compiled code, on any torch tested. Under DDP's default C++ reducer, Dynamo skips DDP's
-  `forward` (torch 2.6: its file is skipped) or breaks at `_inside_ddp_forward`, which torch
-  marks skipped on purpose ("dynamo only kicks in for the module_to_run underneath"). DDP's
-  `_pre_forward` and `_post_forward` run as Python at every step, whether the wrapper or the
-  steps are compiled; on 2.6 and 2.8 its `forward` does too, and on 2.13 only `forward`'s own
-  frame is converted. Their frames were counted with `sys.setprofile`, which Dynamo cannot fold
-  away, on torch 2.6.0, 2.7.1, 2.8.0, 2.13.0 and 2.14.1. An earlier version of this text said
-  they were traced from torch 2.9, from a probe whose counter Dynamo compiled away.
-- Not bought either: DDPOptimizer's bucketed split, which Dynamo applies to any frame converted
-  inside DDP's forward, master's included; #20242's crash, gone from torch itself since 2.7
-  (pytorch#147123); the tuner's trials running compiled, which they did on master too (its test
-  guards the compile point against a later one).
-- Measured on CPU only (torch 2.13, the demo GPT of 4 layers, DDP on 2 gloo processes, 40
-  steps, two runs): the steady step took 0.93 and 0.99 of master's, with 29 frames converted
-  against 6 and 3 graph breaks against 0. No GPU number yet.
-- The other design (the steps compiled inside the wrapper after `strategy.setup`, the path this
-  patch already takes with `fullgraph=True` or without the private names) compiles the same
-  step code, with DDP's own code as Python in both designs. It converts fewer frames, with no
-  graph breaks in DDP's code (2 frames against 7 to 31 in a reviewer's probe on torch 2.6, 2.8
-  and 2.13, the same DDPOptimizer split), needs none of the private names, does not compile
-  again at every fit on torch 2.6, and keeps the unwrap (the `ddp_spawn` fix), the compile point
-  and the undo. It gives up Fabric's behaviour, the wrapper's hooks in the graph, and what FSDP
-  gains, which needs a GPU run to know.
-
-**The record on compiling the wrapper.** For it: lantiga on #15922 (2022: "probably
-compile(ddp(orig model)) is the way to go for distributed"); #19280 and #19382 (2024), which
-made it Fabric's default after measuring no considerable change in step time on FSDP models on
-8 A100s; awaelchli on lightning-thunder#1146 (2024: "it is just ensuring that torch.compile is
-applied over the FSDP/DDP wrapped model"); lantiga on #20269 (above). Against it: carmocca on
-#17250 (2023: "Right now there are barely any optimizations from compiling the wrapped module,
-so I would recommend that you compile the original module and then wrap it which will also be
-less prone to graph breaks. This might change in the future"). Fabric's docs say that its
-re-apply lets "the compilation incorporate the distributed calls and optimize them". Under
-DDP's C++ reducer it does not, and it can lose the whole compile: on torch 2.13 (CPU, one gloo
-process), `fabric.setup(torch.compile(model))` of an `nn.Sequential` under DDP ran no compiled
-graph in 5 steps, because Dynamo breaks in DDP's code and starts no frame in torch's own
-modules (`torch/nn` is in its skip list). With `_reapply_compile=False`, or with a module class
-of the user's own, one graph ran at every step. The Trainer's steps are LightningModule
-methods, never torch's code, so this patch compiles them in both designs. It follows #20269
-and Fabric; the other design is its `from_compiled` branch alone, and would change the tests
-that check the wrapper's call.
-
-**Tests.** `test_trainer_reapply_compile.py`. Of those that fail on master (11, counting each
-parameter), 8 check the compile point (the wrapper's call runs compiled, on one process and on
-two with `ddp_spawn`, whose pickling of a compiled model failed on master), the undo (nothing
-compiled left on the model after a run, and after a run that raises) and the fallback without
-the private names; 2 the warning when the model comes back plain (master ran it compiled); and
-one, the steps' signatures, fails on master through the `from_compiled` bug of the second
-patch. The others pass on master and guard what the re-apply must keep: the user's backend
-object compiling again (fixed by the fourth patch), a process that fits many models compiling
-every fit (what the reset keeps), the tuner's trials compiled (a compile after the
-`on_fit_start` hooks fails it), and each stage compiling its step once.""",
+**Tests.** `test_trainer_reapply_compile.py`. Of those that fail on master (8, counting each
+parameter), 5 check the unwrap and the undo (nothing compiled left on the model after a run,
+on one device and under DDP, and after a run that raises) and `ddp_spawn` on two processes,
+whose pickling of a compiled model failed on master; 2 the warning when the model comes back
+plain (master ran it compiled); and one, the steps' signatures, fails on master through the
+`from_compiled` bug of the second patch. The others pass on master and guard what the re-apply
+must keep: the steps compiled inside the DDP wrapper (a forward pre-hook on it sees no compile,
+and each step ran its graph), the user's backend object compiling again (fixed by the fourth
+patch), a process that fits many models compiling every fit, the tuner's trials compiled (a
+compile after the `on_fit_start` hooks fails it), and each stage compiling its step once.
+Lightning's `utilities/test_compile.py` asserted that the model stays compiled after `fit`;
+from torch 2.6 it asserts the undo. The tests also fail on two mutants of this patch: one that
+keeps master's placement (the model passed in is not unwrapped: 7 failures) and one that
+compiles after the `on_fit_start` hooks (2).""",
     modules=("compile_connector",),
     tests=("tests_pytorch/trainer/test_trainer_reapply_compile.py",),
     edits=(
@@ -545,7 +485,7 @@ every fit (what the reset keeps), the tuner's trials compiled (a compile after t
             TRAINER,
             "        # strategy will configure model and move it to the device\n        self.strategy.setup(self)\n\n",
             "        # strategy will configure model and move it to the device\n        self.strategy.setup(self)\n"
-            "        # compile what the strategy runs, now that it has wrapped the model, before any hook runs a step\n"
+            "        # compile what the strategy runs, now that it has set the model up, before any hook runs a step\n"
             "        self._compile_connector.compile()\n\n",
         ),
         Replace(
@@ -563,17 +503,20 @@ every fit (what the reset keeps), the tuner's trials compiled (a compile after t
         Replace(
             COMPILE_DOCS,
             _LIMITATION_DDP,
-            "* A compiled model passed to the Trainer is compiled again, with the same arguments, after the strategy"
-            " wraps it (see `Compiled again after the strategy wraps the model`_ above): the wrapper of"
-            " :class:`~lightning.pytorch.strategies.DDPStrategy` or :class:`~lightning.pytorch.strategies.FSDPStrategy`"
-            " is compiled itself. DDP's own pre- and post-forward still run outside the graph, as PyTorch keeps"
-            " them.\n",
+            "* The Trainer compiles a compiled model's steps, which run inside the wrapper of"
+            " :class:`~lightning.pytorch.strategies.DDPStrategy` or"
+            " :class:`~lightning.pytorch.strategies.FSDPStrategy`, not the wrapper itself (see `Compiled again after"
+            " the strategy sets up the model`_ above): under DDP, PyTorch runs DDP's own pre- and post-forward outside"
+            " the graph whichever of the two is compiled.\n"
+            "  With :class:`~lightning.pytorch.strategies.model_parallel.ModelParallelStrategy`, the model can be"
+            " compiled in ``configure_model`` instead, as described in `Apply torch.compile in configure_model`_"
+            " above.\n",
         ),
         Replace(
             COMPILE_TESTS,
             '    trainer.fit(compiled_model)\n    assert trainer.model._compiler_ctx["compiler"] == "dynamo"\n',
             "    trainer.fit(compiled_model)\n"
-            "    # from torch 2.6: compiled again after the wrap, and uncompiled after the run\n"
+            "    # from torch 2.6: compiled again after the strategy's setup, and uncompiled after the run\n"
             "    if _TORCH_GREATER_EQUAL_2_6:\n"
             "        assert trainer.model._compiler_ctx is None\n"
             "    else:\n"
@@ -589,10 +532,10 @@ every fit (what the reset keeps), the tuner's trials compiled (a compile after t
 )
 
 USE_COMPILE = Patch(
-    subject="Add `Trainer(use_compile=...)` to compile any model after the strategy wraps it",
+    subject="Add `Trainer(use_compile=...)` to compile any model after the strategy sets it up",
     body="""\
 #20242 asks for a flag. With the previous patch a compiled model passed in is compiled again
-after the wrap; `Trainer(use_compile=True | dict)` does the same for any model, with the
+after the strategy's setup; `Trainer(use_compile=True | dict)` does the same for any model, with the
 defaults of `torch.compile` or with the arguments in the dict, which `torch.compile` itself
 checks when the Trainer is built (a dry call that builds the backend), so that a typo fails at
 `Trainer(...)` rather than minutes into the run. `use_compile=False` compiles nothing.
@@ -602,7 +545,7 @@ build the model and cannot wrap it in `torch.compile` (#17283 got CLI workaround
 libraries that build their own Trainer from their user's Trainer arguments. That is the one
 case the previous patch does not cover: with it, as lantiga put it when closing #20269 (itself
 a flag, `reapply_compile`, which the author then removed), "we will want this whenever we have
-an optimized model in input", and every such model is compiled after the wrap. A model whose
+an optimized model in input", and every such model is compiled after the setup. A model whose
 layers are built in `configure_model` does not need the flag (`torch.compile` is lazy:
 `fit(torch.compile(model))` compiles them), nor does `validate` after `fit` (the Trainer
 compiles its model again).
@@ -610,12 +553,12 @@ compiles its model again).
 The question for the maintainers: #15914 (`Trainer(compile=...)`) was closed for #15922 ("pass
 `torch.compile(model)`"). With the previous patch merged, is a Trainer argument worth having for
 configuration-driven compiles? The alternatives, without one:
-- `fit(torch.compile(model))`, which the previous patch compiles after the wrap: a config-built
+- `fit(torch.compile(model))`, which the previous patch compiles after the setup: a config-built
   model cannot be wrapped without code (a custom `LightningCLI` subclass, a library's option);
 - compiling in `configure_model`: before the wrap for DDP (master's placement), and lazy
   layers only;
 - a `Callback` that compiles `trainer.strategy.model`, which a config sets through
-  `trainer.callbacks`: its `setup` runs before the wrap, and its `on_fit_start` after the
+  `trainer.callbacks`: its `setup` runs before the strategy's, and its `on_fit_start` after the
   tuner's trials (the callback connector moves `LearningRateFinder` and `BatchSizeFinder`
   first), which would run uncompiled; it would undo the compile in every stage itself. One
   shipped by Lightning (as `StochasticWeightAveraging` is) is the closest alternative to a flag,
@@ -628,14 +571,17 @@ arguments, which change between torch versions (2.13 added `recompile_limit` and
 If the answer is no, this patch stays out and the previous one stands alone.
 
 Proposed for the review, each a small change if the maintainers prefer otherwise:
-- three values: `None` (default: a compiled model passed in is compiled after the wrap), `True`
-  or a dict (every model compiled after the wrap), `False` (nothing compiled). The previous
-  behaviour for a compiled model, its steps compiled before the wrap, stays reachable without
-  the flag: `fit(from_compiled(torch.compile(model)))`.
+- three values: `None` (default: a compiled model passed in is compiled after the setup), `True`
+  or a dict (every model compiled after the setup), `False` (nothing compiled). A reviewer found
+  them confusing: in a YAML config `use_compile: false` reads as "do not compile", where it also
+  refuses a model compiled by hand. The previous behaviour for a compiled model, its steps
+  compiled when it is passed in, stays reachable without the flag:
+  `fit(from_compiled(torch.compile(model)))`.
 - A model compiled by hand that the flag disagrees with (`False`, other arguments once
-  `torch.compile`'s defaults are left out, `from_compiled`, or compiled before `lightning` was
-  imported) is refused when the run starts, before anything runs, rather than one of the two
-  compiles picked with a warning. The same arguments are taken: compiled once.
+  `torch.compile`'s defaults are left out, with a `None` read as what it stands for:
+  `backend=None` is inductor; `from_compiled`; or compiled before `lightning` was imported) is
+  refused when the run starts, before anything runs, rather than one of the two compiles picked
+  with a warning. The same arguments are taken: compiled once.
 
 `use_compile` needs torch 2.6, the oldest it is tested with, and is refused at `Trainer(...)`
 before that, as is a strategy that cannot run compiled (DeepSpeed).""",
@@ -1026,7 +972,7 @@ Trainer's own `inference_mode` is put back after it.""",
         ),
         InsertAfter(
             CHANGELOG,
-            "- A `torch.compile`-d model passed to the Trainer is now compiled again",
+            "- A `torch.compile`-d model passed to the Trainer now has its steps compiled",
             '\n- Added `Trainer(use_compile={"no_grad_evaluation": True})` to run `validate`, `test` and `predict`'
             f" under `torch.no_grad` while the Trainer compiles {ISSUE}\n",
         ),

@@ -16,13 +16,13 @@ DEFAULT = None
 
 #: The ``Args:`` entry, without indentation. Each line is indented by the docstring's own argument indent.
 DOC = """\
-use_compile: Compile the model with ``torch.compile`` after the strategy has wrapped it (DDP, FSDP),
-    so that the compiled region covers the whole step the strategy runs, in every stage (fit,
-    validate, test, predict). ``True`` uses the defaults of ``torch.compile``; a dict passes its keys
-    to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``, ...).
-    ``False`` compiles nothing. With ``None``, a model that was compiled before it was passed to the
-    Trainer is compiled again with the same arguments after the wrap; otherwise a model compiled by
-    hand is refused, unless with the same arguments.
+use_compile: Compile the model with ``torch.compile`` after the strategy has set it up (wrapped it
+    in DDP or FSDP), in every stage (fit, validate, test, predict), before any hook runs a step.
+    ``True`` uses the defaults of ``torch.compile``; a dict passes its keys to ``torch.compile``
+    (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``, ...). ``False`` compiles
+    nothing. With ``None``, a model that was compiled before it was passed to the Trainer is
+    compiled again with the same arguments after the setup; otherwise a model compiled by hand is
+    refused, unless with the same arguments.
     Default: ``None``."""
 
 

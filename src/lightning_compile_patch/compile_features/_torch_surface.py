@@ -117,6 +117,12 @@ def cache_entries(code: types.CodeType) -> int:
     return len(torch._C._dynamo.eval_frame._debug_get_cache_entry_list(code))
 
 
+def per_code_reset() -> bool:
+    """Whether this torch lists and resets one code object's entries (:func:`cache_entries`, :func:`reset_code`)."""
+    eval_frame = torch._C._dynamo.eval_frame
+    return hasattr(eval_frame, "_debug_get_cache_entry_list") and hasattr(eval_frame, "reset_code")
+
+
 def reset_code(code: types.CodeType) -> None:
     """Drops ``code``'s compiled entries, its recompile count and its "skip" mark (``reset_code``, 2.1-2.14)."""
     torch._C._dynamo.eval_frame.reset_code(code)

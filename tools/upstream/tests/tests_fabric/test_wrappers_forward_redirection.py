@@ -52,3 +52,32 @@ def test_step_method_redirection_restores_forward_when_the_wrapper_raises():
     assert original_module() == "forward_return"
     assert fabric_module() == "forward_return"
     assert fabric_module.training_step() == "training_step_return"
+
+
+def test_step_method_redirection_keeps_a_forward_that_the_step_sets():
+    class DDP(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args, **kwargs):
+            return self.module(*args, **kwargs)
+
+    class LightningModule(torch.nn.Module):
+        def forward(self):
+            return "forward_return"
+
+        def training_step(self):
+            self.forward = self.other_forward
+            return "training_step_return"
+
+        def other_forward(self):
+            return "other_forward_return"
+
+    strategy = Mock()
+    strategy.precision = Mock(wraps=Precision())
+    original_module = LightningModule()
+    forward_module = DDP(original_module)
+    fabric_module = _FabricModule(forward_module=forward_module, strategy=strategy, original_module=original_module)
+    assert fabric_module.training_step() == "training_step_return"
+    assert original_module() == "other_forward_return"

@@ -31,6 +31,11 @@ class _FailingWrapper(torch.nn.Module):
         raise RuntimeError("the wrapper failed")
 
 
+class _PassThroughWrapper(_FailingWrapper):
+    def forward(self, *args):
+        return self.module(*args)
+
+
 class _RecordingRedirection(_ForwardRedirection):
     def __init__(self):
         self.outer_calls = 0
@@ -51,6 +56,20 @@ def test_forward_redirection_restores_forward_when_the_call_raises():
     torch.testing.assert_close(output, model.layer(batch))
     assert getattr(model.forward, "__func__", None) is BoringModel.forward
     assert redirection.outer_calls == 1
+
+
+def test_forward_redirection_keeps_a_forward_that_the_step_sets():
+    class SetsForward(BoringModel):
+        def training_step(self, batch, batch_idx):
+            self.forward = self.identity
+            return super().training_step(batch, batch_idx)
+
+        def identity(self, x):
+            return x
+
+    model = SetsForward()
+    _ForwardRedirection()(_PassThroughWrapper(model), model, "training_step", torch.randn(2, 32), 0)
+    assert model.forward == model.identity
 
 
 def test_ddp_gradient_sync_is_turned_back_on_when_the_call_raises_under_manual_optimization():

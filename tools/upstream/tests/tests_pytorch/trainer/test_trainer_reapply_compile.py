@@ -11,7 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""A `torch.compile`-d model passed to the Trainer is compiled again, with the same arguments, after the wrap."""
+"""A `torch.compile`-d model passed to the Trainer is compiled again, with the same arguments, after the strategy's
+setup: its steps, which the strategy runs directly or inside its wrapper."""
 
 import json
 import os
@@ -30,7 +31,7 @@ from tests_pytorch.helpers.runif import RunIf
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles from scratch: Dynamo counts its recompile limit per code object, for the whole process, and
-    Lightning's forward redirection (``wrapped_forward``) is shared by every model that earlier tests compiled."""
+    the step methods of ``BoringModel`` are shared by every model that earlier tests compiled."""
     torch._dynamo.reset()
 
 
@@ -95,16 +96,22 @@ class GraphCallsPerStep(Callback):
 class IsCompilingInWrapperForward(Callback):
     """Records, at each call of the strategy's model (the DDP wrapper while fitting), whether it runs compiled."""
 
-    def __init__(self, out=None):
+    def __init__(self):
         self.seen = []
-        self.out = out
 
     def on_fit_start(self, trainer, pl_module):
         trainer.strategy.model.register_forward_pre_hook(lambda *_: self.seen.append(torch.compiler.is_compiling()))
 
+
+class GraphCallsPerTrainingStepOfEachRank(GraphCallsPerStep):
+    """Writes each process's graph calls per training batch to ``out``: ``ddp_spawn`` fits in other processes."""
+
+    def __init__(self, backend, out):
+        super().__init__(backend)
+        self.out = out
+
     def on_fit_end(self, trainer, pl_module):
-        if self.out is not None:  # from each process of `ddp_spawn`
-            (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.calls["train"]))
 
 
 @RunIf(min_torch="2.6", dynamo=True)
@@ -122,13 +129,12 @@ def test_compiled_model_runs_every_step_compiled_after_the_strategy_wraps(tmp_pa
     assert all(calls.calls["train"])
     assert all(calls.calls["validate"])
     if strategy == "ddp":
-        assert calls.wrapper_types["train"] is DistributedDataParallel  # compiled in place: Lightning's checks hold
+        assert calls.wrapper_types["train"] is DistributedDataParallel  # the steps run compiled inside the wrapper
     for expected, actual in zip(eager_model.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(actual, expected)
     # after the run the model is plain again: its own methods, nothing compiled left on it
     assert model._compiler_ctx is None
     assert "training_step" not in vars(model)
-    assert "_compiled_call_impl" not in vars(trainer.strategy.model)
     pickle.dumps(model)
 
 
@@ -143,41 +149,34 @@ def test_the_users_backend_object_compiles_again_after_the_wrap(tmp_path, strate
     assert backend.calls > 0
 
 
-@RunIf(min_torch="2.6")
-def test_the_wrapper_is_uncompiled_where_module_compile_keeps_its_compiled_call():
-    """The Trainer undoes ``nn.Module.compile`` on the wrapper by removing its ``_compiled_call_impl``: torch has no
-    public way to uncompile, so this fails first if torch renames the attribute."""
-    module = torch.nn.Linear(1, 1)
-    module.compile(backend="eager")
-    assert callable(vars(module)["_compiled_call_impl"])
-    module.__dict__.pop("_compiled_call_impl")
-    assert module._compiled_call_impl is None  # the class's default: the module's calls run its forward uncompiled
-
-
 @RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
-def test_the_wrapper_itself_runs_compiled(tmp_path):
-    """The DDP wrapper's call runs compiled (a forward pre-hook on it sees ``is_compiling()``), not only the step within
-    it; DDP's own pre- and post-forward still run as Python, as PyTorch keeps them."""
-    probe = IsCompilingInWrapperForward()
+def test_under_ddp_the_steps_run_compiled_inside_the_wrapper(tmp_path):
+    """The strategy runs each step through the DDP wrapper's call, which runs as Python (a forward pre-hook on it never
+    sees ``is_compiling()``): the step inside it runs its compiled graph."""
+    backend = CountingBackend()
+    calls, probe = GraphCallsPerStep(backend), IsCompilingInWrapperForward()
     kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
-    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[probe], **kwargs)
-    trainer.fit(torch.compile(BoringModel(), backend="eager"))
-    assert probe.seen == [True, True]
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[calls, probe], **kwargs)
+    trainer.fit(torch.compile(BoringModel(), backend=backend))
+    assert probe.seen == [False, False]
+    assert calls.calls["train"] == [1, 1]
 
 
 @RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
-def test_the_wrapper_itself_runs_compiled_on_two_processes(tmp_path):
-    """As #20269's tests did on 2 GPUs: DDP over 2 processes (gloo on CPU), each compiled after the wrap.
+def test_the_steps_run_compiled_on_two_processes(tmp_path):
+    """As #20269's tests did on 2 GPUs: DDP over 2 processes (gloo on CPU), each running its steps compiled.
 
-    ``ddp_spawn`` pickles the model for its processes: a compiled one failed to pickle before the re-apply.
+    ``ddp_spawn`` pickles the model for its processes: a compiled one failed to pickle before the re-apply, since
+    ``fit`` compiled the steps on the model before the spawn.
 
     """
-    probe = IsCompilingInWrapperForward(out=tmp_path)
+    backend = CountingBackend()
+    calls = GraphCallsPerTrainingStepOfEachRank(backend, out=tmp_path)
     kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0, "devices": 2}
-    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp_spawn", callbacks=[probe], **kwargs)
-    trainer.fit(torch.compile(BoringModel(), backend="eager"))
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp_spawn", callbacks=[calls], **kwargs)
+    trainer.fit(torch.compile(BoringModel(), backend=backend))
     seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
-    assert seen == [[True, True], [True, True]]
+    assert seen == [[1, 1], [1, 1]]
 
 
 def _compiled_calls_per_fit_of_ten_widths(tmp_path, strategy, backend, callbacks=()):
@@ -197,26 +196,10 @@ def _compiled_calls_per_fit_of_ten_widths(tmp_path, strategy, backend, callbacks
 @RunIf(min_torch="2.6", dynamo=True)
 @pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
 def test_a_process_that_fits_many_models_compiles_every_fit(tmp_path, strategy):
-    """A sweep: Dynamo guards on each fit's new DDP wrapper in Lightning's forward redirection, which every model
-    shares; its entries are dropped when a run has grown them past half of the recompile limit, so the 9th fit of
-    the process is compiled too."""
+    """A sweep: each fit compiles the steps of its own model, of another width, in one process; the 9th fit of the
+    process is compiled too."""
     calls = _compiled_calls_per_fit_of_ten_widths(tmp_path, strategy, CountingBackend())
     assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
-
-
-@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
-@pytest.mark.parametrize("name", ["_debug_get_cache_entry_list", "reset_code"])
-def test_a_torch_without_the_per_code_reset_compiles_the_steps_inside_the_wrapper(tmp_path, monkeypatch, name):
-    """The compile of the wrapper needs Dynamo's private per-code reset (above): on a torch without it, the steps are
-    compiled inside the wrapper, as before the re-apply, so a process's later fits are compiled too."""
-    monkeypatch.delattr(torch._C._dynamo.eval_frame, name)
-    probe = IsCompilingInWrapperForward()
-    fallback = "the steps are compiled inside the wrapper instead"
-    with pytest.warns(UserWarning, match=fallback) as warned:
-        calls = _compiled_calls_per_fit_of_ten_widths(tmp_path, "ddp", CountingBackend(), [probe])
-    assert sum(fallback in str(w.message) for w in warned) == 10  # one warning per fit
-    assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
-    assert probe.seen == [False] * 20  # the wrapper's own forward ran uncompiled
 
 
 @RunIf(min_torch="2.6", dynamo=True)
@@ -260,14 +243,14 @@ def test_each_step_compiles_once_across_stages_under_ddp(tmp_path):
     trainer.validate(compiled)
     validated = backend.graphs
     trainer.validate(compiled)
-    # fit compiles the wrapper's call (the training and validation steps through it); validate, without a wrapper,
-    # compiles the validation step at most once, and a second validate compiles nothing
+    # fit compiles the training and validation steps (inside the wrapper); validate, without a wrapper and under
+    # `inference_mode`, compiles the validation step at most once more, and a second validate compiles nothing
     assert validated <= fitted + 1
     assert backend.graphs == validated
 
 
 @RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
-def test_under_ddp_the_compiled_call_compiles_once_however_many_steps(tmp_path):
+def test_under_ddp_the_step_compiles_once_however_many_steps(tmp_path):
     backend = CountingBackend()
     seen = []
 
@@ -279,18 +262,6 @@ def test_under_ddp_the_compiled_call_compiles_once_however_many_steps(tmp_path):
     trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[GraphsPerStep()], **kwargs)
     trainer.fit(torch.compile(BoringModel(), backend=backend))
     assert seen == [seen[0]] * 6, seen  # nothing compiled after the first step
-
-
-@RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
-def test_fullgraph_under_ddp_compiles_the_steps_inside_the_wrapper(tmp_path):
-    """DDP's forward calls its C++ reducer, which no single graph holds: with `fullgraph=True` the steps compile."""
-    backend = CountingBackend()
-    probe = IsCompilingInWrapperForward()
-    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
-    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[probe], **kwargs)
-    trainer.fit(torch.compile(BoringModel(), backend=backend, fullgraph=True))
-    assert probe.seen == [False, False]  # the wrapper runs eagerly
-    assert backend.calls == 2  # and each step ran its compiled graph inside it
 
 
 @RunIf(min_torch="2.6", dynamo=True)
@@ -357,10 +328,9 @@ def test_a_run_that_raises_is_undone_and_the_model_compiles_again(tmp_path, stra
     trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, **_TRAINER_KWARGS)
     with pytest.raises(RuntimeError, match="the step failed"):
         trainer.fit(torch.compile(model, backend=backend))
-    # undone on the error path too: nothing compiled left on the model or on the wrapper
+    # undone on the error path too: nothing compiled left on the model
     assert model._compiler_ctx is None
     assert "training_step" not in vars(model)
-    assert "_compiled_call_impl" not in vars(trainer.strategy.model)
     # and a later run of the same model compiles again
     model.fail = False
     calls = GraphCallsPerStep(backend)

@@ -12,6 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 import inspect
+import json
 import pickle
 
 import pytest
@@ -28,7 +29,7 @@ from tests_pytorch.helpers.runif import RunIf
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles from scratch: Dynamo counts its recompile limit per code object, for the whole process, and
-    Lightning's forward redirection (``wrapped_forward``) is shared by every model that earlier tests compiled."""
+    the step methods of ``BoringModel`` are shared by every model that earlier tests compiled."""
     torch._dynamo.reset()
 
 
@@ -219,27 +220,30 @@ def test_use_compile_sets_no_process_wide_state(tmp_path):
     assert dict(os.environ) == environ_before
 
 
-class IsCompilingInWrapperForward(Callback):
-    """Records, at each call of the strategy's model (the DDP wrapper while fitting), whether it runs compiled."""
+class GraphCallsPerTrainingStepOfEachRank(GraphCallsPerStep):
+    """Writes each process's graph calls per training batch to ``out``: ``ddp_spawn`` fits in other processes."""
 
-    def __init__(self):
-        self.seen = []
+    def __init__(self, backend, out):
+        super().__init__(backend)
+        self.out = out
 
-    def on_fit_start(self, trainer, pl_module):
-        trainer.strategy.model.register_forward_pre_hook(lambda *_: self.seen.append(torch.compiler.is_compiling()))
+    def on_fit_end(self, trainer, pl_module):
+        (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.calls["train"]))
 
 
 @RunIf(min_torch="2.6", dynamo=True, skip_windows=True)
-def test_use_compile_compiles_the_wrapper_itself(tmp_path):
-    """The DDP wrapper's call runs compiled (a forward pre-hook on it sees ``is_compiling()``), not only the step within
-    it; DDP's own pre- and post-forward still run as Python, as PyTorch keeps them."""
-    probe = IsCompilingInWrapperForward()
-    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
+def test_use_compile_runs_the_steps_compiled_on_two_processes(tmp_path):
+    """DDP over 2 processes (gloo on CPU): ``ddp_spawn`` pickles the model, and each process compiles its steps."""
+    backend = CountingBackend()
+    calls = GraphCallsPerTrainingStepOfEachRank(backend, out=tmp_path)
+    kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0, "devices": 2}
     trainer = Trainer(
-        default_root_dir=tmp_path, strategy="ddp", use_compile={"backend": "eager"}, callbacks=[probe], **kwargs
+        default_root_dir=tmp_path, strategy="ddp_spawn", use_compile={"backend": backend}, callbacks=[calls], **kwargs
     )
     trainer.fit(LoggingModel())
-    assert probe.seen == [True, True]
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [len(steps) for steps in seen] == [2, 2]
+    assert all(n > 0 for steps in seen for n in steps), seen  # every training step of each process ran compiled
 
 
 class LRFinderTrialCalls(LoggingModel):
@@ -319,6 +323,15 @@ def test_use_compile_takes_a_model_compiled_with_the_same_arguments(tmp_path, de
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": backend}, **_TRAINER_KWARGS)
     trainer.fit(compiled)
     assert backend.graphs == 2  # once, after the wrap: the training and the validation step
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize(("by_hand", "use_compile"), [({}, {"backend": "inductor"}), ({"backend": "inductor"}, True)])
+def test_use_compile_takes_torch_compiles_default_backend_named_or_not(tmp_path, by_hand, use_compile):
+    """Inductor is ``torch.compile``'s default backend, named or not (torch 2.13's signature gives ``backend=None``)."""
+    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **{**_TRAINER_KWARGS, "max_steps": 0})
+    trainer.fit(torch.compile(BoringModel(), **by_hand))  # no step runs, so nothing is compiled
+    assert trainer.state.finished
 
 
 def _compiled_before_lightning_was_imported(model):

@@ -159,3 +159,116 @@ def test_one_compiled_run_at_a_time_per_process(probe, tmp_path):
     first.callbacks.append(StartAnother())
     first.fit(BoringModel())
     Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS).fit(BoringModel())
+
+
+# The wrapper's compile: under `use_compile` the fork compiles the DDP/FSDP wrapper's whole call, into which its
+# features plug (`module_call`); the re-apply and `use_compile` compile the steps inside the wrapper.
+
+_DDP_KWARGS = {**_TRAINER_KWARGS, "max_steps": -1, "max_epochs": 1, "limit_train_batches": 2, "strategy": "ddp"}
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Compiles from scratch: the earlier tests' fits of ``BoringModel`` count toward the same recompile limit."""
+    torch._dynamo.reset()
+
+
+class CountingBackend:
+    """Runs the graphs eagerly, and counts how often they ran."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, gm, example_inputs):
+        def run(*args):
+            self.calls += 1
+            return gm.forward(*args)
+
+        return run
+
+
+class IsCompilingInWrapperForward(Callback):
+    """Records, at each call of the strategy's model (the DDP wrapper while fitting), whether it runs compiled."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_fit_start(self, trainer, pl_module):
+        trainer.strategy.model.register_forward_pre_hook(lambda *_: self.seen.append(torch.compiler.is_compiling()))
+
+
+@RunIf(skip_windows=True)
+def test_use_compile_compiles_the_wrappers_call_and_a_compiled_model_passed_in_its_steps(fresh_dynamo, tmp_path):
+    """With ``use_compile`` a forward pre-hook on the DDP wrapper sees ``is_compiling()``; a compiled model passed in
+    without it gets the re-apply and nothing more: its steps compiled inside the wrapper."""
+    probe = IsCompilingInWrapperForward()
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, callbacks=[probe], **_DDP_KWARGS)
+    trainer.fit(BoringModel())
+    assert probe.seen == [True, True]
+    assert "_compiled_call_impl" not in vars(trainer.strategy.model)  # undone after the run
+
+    probe = IsCompilingInWrapperForward()
+    trainer = Trainer(default_root_dir=tmp_path, callbacks=[probe], **_DDP_KWARGS)
+    trainer.fit(torch.compile(BoringModel(), backend="eager"))
+    assert probe.seen == [False, False]
+
+
+def test_the_wrapper_is_uncompiled_where_module_compile_keeps_its_compiled_call():
+    """The Trainer undoes ``nn.Module.compile`` on the wrapper by removing its ``_compiled_call_impl``: torch has no
+    public way to uncompile, so this fails first if torch renames the attribute."""
+    module = torch.nn.Linear(1, 1)
+    module.compile(backend="eager")
+    assert callable(vars(module)["_compiled_call_impl"])
+    module.__dict__.pop("_compiled_call_impl")
+    assert module._compiled_call_impl is None  # the class's default: the module's calls run its forward uncompiled
+
+
+def _compiled_calls_per_fit_of_ten_widths(tmp_path, backend, callbacks=()):
+    """A sweep in one process: 10 fits of 10 widths under DDP, the 9th past the default recompile limit of 8."""
+    calls = []
+    for width in range(8, 18):
+        model = BoringModel()
+        model.layer = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.Linear(width, 2))
+        before = backend.calls
+        use_compile = {"backend": backend}
+        Trainer(default_root_dir=tmp_path, use_compile=use_compile, callbacks=list(callbacks), **_DDP_KWARGS).fit(model)
+        calls.append(backend.calls - before)
+    return calls
+
+
+@RunIf(skip_windows=True)
+def test_a_process_that_fits_many_models_compiles_the_wrapper_in_every_fit(fresh_dynamo, tmp_path):
+    """Dynamo guards on each fit's new DDP wrapper in Lightning's forward redirection, which every model shares; its
+    entries are dropped when a run has grown them past half of the recompile limit, so the 9th fit is compiled too."""
+    calls = _compiled_calls_per_fit_of_ten_widths(tmp_path, CountingBackend())
+    assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
+
+
+@RunIf(skip_windows=True)
+@pytest.mark.parametrize("name", ["_debug_get_cache_entry_list", "reset_code"])
+def test_a_torch_without_the_per_code_reset_compiles_the_steps_inside_the_wrapper(
+    fresh_dynamo, tmp_path, monkeypatch, name
+):
+    """The compile of the wrapper needs Dynamo's private per-code reset (above): on a torch without it, the steps are
+    compiled inside the wrapper, as the re-apply does, so a process's later fits are compiled too."""
+    monkeypatch.delattr(torch._C._dynamo.eval_frame, name)
+    monkeypatch.setattr(compile_connector, "_crowded_code_reset", lambda model: lambda: None)  # private names too
+    probe = IsCompilingInWrapperForward()
+    fallback = "the steps are compiled inside the wrapper instead"
+    with pytest.warns(UserWarning, match=fallback) as warned:
+        calls = _compiled_calls_per_fit_of_ten_widths(tmp_path, CountingBackend(), [probe])
+    assert sum(fallback in str(w.message) for w in warned) == 10  # one warning per fit
+    assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
+    assert probe.seen == [False] * 20  # the wrapper's own forward ran uncompiled
+
+
+@RunIf(skip_windows=True)
+def test_fullgraph_under_ddp_compiles_the_steps_inside_the_wrapper(fresh_dynamo, tmp_path):
+    """DDP's forward calls its C++ reducer, which no single graph holds: with `fullgraph=True` the steps compile."""
+    backend = CountingBackend()
+    probe = IsCompilingInWrapperForward()
+    use_compile = {"backend": backend, "fullgraph": True}
+    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, callbacks=[probe], **_DDP_KWARGS)
+    trainer.fit(BoringModel())
+    assert probe.seen == [False, False]  # the wrapper runs eagerly
+    assert backend.calls == 2  # and each step ran its compiled graph inside it
