@@ -242,7 +242,7 @@ def parity(session: nox.Session) -> None:
     harness = str(ROOT / "tools" / "upstream" / "harness")
     session.run("python", "-m", "pytest", "-n", PYTEST_WORKERS, "tools/upstream/tests", env={"PYTHONPATH": harness})
     # the rungs a maintainer would merge, each alone on Lightning master: their tests fail on master, pass with the
-    # rung, and fail on two mutants of the compile point (before the wrap; after the `on_fit_start` hooks)
+    # rung, and fail on two mutants of the compile point (before the launch, as master; after the `on_fit_start` hooks)
     session.run(
         "python",
         "tools/upstream/rung_tests.py",

@@ -19,7 +19,6 @@ at import (:func:`install`), so both deliveries run the same code.
 
 """
 
-from copy import deepcopy
 from functools import wraps
 from typing import Any, Callable, Union
 
@@ -154,8 +153,9 @@ def _capture_compile_kwargs(compile_fn: Callable) -> Callable:
 
         model = args[0]
         compiled_model = compile_fn(model, **kwargs)
-        # the backend itself, not a copy: a backend object (one that counts graphs or holds state) compiles again
-        compiled_model._compile_kwargs = {k: v if k == "backend" else deepcopy(v) for k, v in kwargs.items()}
+        # as passed, not deep copies: a backend object (one that counts graphs or holds state) compiles again, and
+        # one that cannot be copied compiles at all; the caller's `options` dict is copied, its values are not
+        compiled_model._compile_kwargs = {k: dict(v) if k == "options" and v else v for k, v in kwargs.items()}
         return compiled_model
 
     return _capture
@@ -197,9 +197,9 @@ class _ForwardRedirection:
         try:
             wrapper_output = wrapper_module(*args, **kwargs)
         finally:
-            # if the call raised before `wrapped_forward` ran (a compile error, an interrupt), unpatch here (and only
-            # then: a `forward` the step set stays), and undo what `on_after_inner_forward` may have set (DDP's
-            # gradient sync, off under manual optimization)
+            # if the call raised before `wrapped_forward` ran (an error in DDP's pre-forward, a forward pre-hook),
+            # unpatch here (and only then: a `forward` the step set stays), and undo what `on_after_inner_forward`
+            # may have set (DDP's gradient sync, off under manual optimization)
             if original_module.__dict__.get("forward") is wrapped_forward:
                 original_module.forward = original_forward  # type: ignore[method-assign]
             self.on_after_outer_forward(wrapper_module, original_module)

@@ -228,8 +228,8 @@ _FIXED_TO_UNCOMPILED = (
 
 _FIXED_FABRIC_CAPTURE = (
     "- Fixed `Fabric.setup` compiling a `torch.compile`-d model again with a copy of its backend object, so that a"
-    " backend that counts graphs or holds state saw none: the arguments captured from `torch.compile` keep the backend"
-    " itself"
+    " backend that counts graphs or holds state saw none, and `torch.compile` failing, once `lightning` is imported,"
+    " for a backend that cannot be copied: the arguments captured from `torch.compile` are kept as passed"
 )
 
 _FIXED_FABRIC_REDIRECTION = (
@@ -319,9 +319,10 @@ passed to the Trainer compiled. It now compiles only the steps that are callable
 FIX_TO_UNCOMPILED = Patch(
     subject="Fix `to_uncompiled` leaving the step methods behind on the instance",
     body="""\
-`to_uncompiled` put each original step back as an instance attribute holding a bound method, so
-a method patched on the class later (a test's `monkeypatch`, a mixin set up after the run) was
-ignored by that instance. A step that is the class's own method is now removed from the instance
+`to_uncompiled` put each original step back as an instance attribute holding a bound method: a
+reference cycle (module, bound method, module) that keeps the model alive until the cycle
+collector runs, and a method patched on the class later (a test's `monkeypatch`) was ignored by
+that instance. A step that is the class's own method is now removed from the instance
 instead, which restores the model's own methods. (`_ForwardRedirection` leaves `forward` as an instance-bound
 method in the same way; that predates this and is left for a patch of its own.)""",
     modules=(),
@@ -341,10 +342,12 @@ Fabric captures the arguments of `torch.compile` so that `Fabric.setup` can comp
 again after the strategy wraps it (`_reapply_compile`, #19280). It kept a deep copy of them,
 the backend included, so the model was compiled again with a copy of the user's backend object:
 a backend that counts graphs or holds state (`torch._dynamo.testing.CompileCounter`, a backend
-that records graphs for a profiler) saw none of them, and a backend that cannot be copied (one
-that holds a lock) failed. A backend given as a name or a plain function was never affected:
-`deepcopy` returns a function itself. The capture now keeps the backend itself, and still copies
-the other arguments (`options` is a dict the caller may change later).
+that records graphs for a profiler) saw none of them. And since the capture replaces
+`torch.compile` itself once `lightning` is imported, any `torch.compile(model, backend=...)` of a
+backend that cannot be copied (one that holds a lock) failed, Fabric or not. A backend given as a
+name or a plain function was never affected: `deepcopy` returns a function itself. The capture
+now keeps every argument as it was passed, but for a shallow copy of the `options` dict, which
+the caller may change later (its values, which inductor lets be objects, are not copied).
 
 Issue text:
 
@@ -356,6 +359,11 @@ Issue text:
     modules=(),
     edits=(
         ReplaceDef(FABRIC_WRAPPERS, "_capture_compile_kwargs"),
+        Replace(  # its one use was the capture's
+            FABRIC_WRAPPERS,
+            "from collections.abc import Generator, Iterator, Mapping\nfrom copy import deepcopy\n",
+            "from collections.abc import Generator, Iterator, Mapping\n",
+        ),
         AddTests(FABRIC_WRAPPER_TESTS, "tests_fabric/test_wrappers_compile_capture.py", after="test_unwrap_compiled"),
         InsertAfter(FABRIC_CHANGELOG, "### Fixed", f"\n{_FIXED_FABRIC_CAPTURE}\n", bases=("2.6.6",)),
         InsertAfter(
@@ -377,7 +385,7 @@ _REAPPLIED = (
     " strategy has set it up and before any hook runs a step, and the LightningModule passed in is no longer left"
     " compiled after the run (its `_compiler_ctx` is `None`, and `to_uncompiled(model)` raises): pass the compiled"
     " model again, or no model, to run `validate`, `test` or `predict` compiled (the Trainer warns when its model"
-    f" comes back without its wrapper) {ISSUE}\n"
+    " comes back without its wrapper)\n"
 )
 
 REAPPLY = Patch(
@@ -389,10 +397,11 @@ strategy's launcher and setup, and it stays compiled after the run. Under `strat
 that fails: the launcher pickles the model, and a compiled step does not pickle ("Can't pickle
 BoringModel.forward: it's not the same object"). Fabric unwraps a compiled model in `setup` and
 compiles it again after the strategy's setup (`_unwrap_compiled`, `_reapply_compile`, #19280).
-When #20269 (a `reapply_compile` flag) was closed, lantiga asked for the re-apply "whenever we
-have an optimized model in input", with no new argument. This patch does that for the Trainer:
-it compiles the steps again after the strategy's setup, and does not compile the DDP/FSDP
-wrapper itself (below, "Why not the wrapper").
+On #20269 (a `reapply_compile` flag, which compiled the DDP wrapper), lantiga found the approach
+good, asked for no flag ("we will want this whenever we have an optimized model in input") and
+for Fabric's helpers. This patch keeps the re-apply without a flag and Fabric's
+`_unwrap_compiled`, but compiles the steps after the strategy's setup, not the DDP/FSDP wrapper
+(below, "Why not the wrapper").
 
 **What changes.**
 - `fit`/`validate`/`test`/`predict` unwrap a compiled model (Fabric's `_unwrap_compiled`) and
@@ -416,11 +425,23 @@ wrapper itself (below, "Why not the wrapper").
   compiled, so `trainer.test(model)` with the plain model ran compiled; now it runs uncompiled,
   and the Trainer warns when the model passed compiled to an earlier stage comes back without
   its wrapper.
-- It needs torch 2.6, the oldest it was tested with. Before that, a compiled model is compiled
-  as it was. No private torch name is used.
+- The undo is a behaviour change that one reviewer asked to keep and another to leave out, or to
+  bring with a deprecation. Without it (one line, the `defer(to_uncompiled, ...)` of the
+  connector) the model stays compiled after the run, as on master, and `ddp_spawn` is fixed all
+  the same; the warning and the changed assertions of `utilities/test_compile.py` go with it.
+- It is gated on torch 2.6, the oldest torch its tests ran on; before that, a compiled model is
+  compiled as it was. Nothing in it needs 2.6 (it compiles with `from_compiled`, as master does
+  on every torch): for one behaviour on every supported torch, the gate and the tests'
+  `min_torch` go, after a run on torch 2.1-2.5. No private torch name beyond
+  `torch._dynamo.OptimizedModule`, which master imports too.
 
-**Why not the wrapper.** #20269's first version compiled the DDP wrapper, as Fabric does by
-default since #19382, for DDP's "pre/post forward also compiled". Under DDP's default C++
+**Why not the wrapper.** #20269 compiled the DDP wrapper, as Fabric does by default since
+#19382, for DDP's "pre/post forward also compiled". #20242, which it meant to fix, ran DDP's
+python reducer (`optimize_ddp="python_reducer"` with compiled autograd), under which DDP's
+`_pre_forward`/`_post_forward` return early and torch inlines DDP's forward into a compiled
+wrapper; its crash is gone from torch since 2.7 (pytorch#147123), and compiling the wrapper for
+that mode is left to a change of its own. So this PR does not claim to fix #20242. Under DDP's
+default C++
 reducer that does not happen, on any torch tested: Dynamo skips DDP's `forward` (torch 2.6: its
 file is skipped) or breaks at `_inside_ddp_forward`, which torch marks skipped on purpose
 ("dynamo only kicks in for the module_to_run underneath"), and DDP's `_pre_forward` and

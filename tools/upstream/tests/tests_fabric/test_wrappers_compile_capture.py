@@ -42,3 +42,12 @@ def test_the_other_arguments_are_kept_as_they_were_passed():
     compiled = torch.compile(torch.nn.Linear(2, 2), backend="inductor", options=options, dynamic=False)
     options["max_autotune"] = True  # the caller's dict, changed after the call, is not what was passed
     assert compiled._compile_kwargs == {"backend": "inductor", "options": {"max_autotune": False}, "dynamic": False}
+
+
+@RunIf(dynamo=True)
+def test_the_options_dict_is_copied_but_not_its_values():
+    custom_pass = object()  # inductor takes objects as option values, such as a custom graph pass
+    options = {"post_grad_custom_post_pass": custom_pass}
+    compiled = torch.compile(torch.nn.Linear(2, 2), backend="inductor", options=options)
+    assert compiled._compile_kwargs["options"] is not options
+    assert compiled._compile_kwargs["options"]["post_grad_custom_post_pass"] is custom_pass
