@@ -328,7 +328,7 @@ def test_use_compile_takes_a_model_compiled_with_the_same_arguments(tmp_path, de
 @RunIf(min_torch="2.6", dynamo=True)
 @pytest.mark.parametrize(("by_hand", "use_compile"), [({}, {"backend": "inductor"}), ({"backend": "inductor"}, True)])
 def test_use_compile_takes_torch_compiles_default_backend_named_or_not(tmp_path, by_hand, use_compile):
-    """Inductor is ``torch.compile``'s default backend, named or not (torch 2.13's signature gives ``backend=None``)."""
+    """Inductor is ``torch.compile``'s default backend, named or not (torch 2.13's signature says ``None``)."""
     trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **{**_TRAINER_KWARGS, "max_steps": 0})
     trainer.fit(torch.compile(BoringModel(), **by_hand))  # no step runs, so nothing is compiled
     assert trainer.state.finished
