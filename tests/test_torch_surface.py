@@ -210,6 +210,12 @@ def test_each_converted_code_is_listed_and_can_be_reset():
     assert surface.cache_entries(f.__code__) == 0
 
 
+@pytest.mark.parametrize("name", ["_debug_get_cache_entry_list", "reset_code"])
+def test_without_either_private_name_there_is_no_per_code_reset(monkeypatch, name):
+    monkeypatch.delattr(torch._C._dynamo.eval_frame, name)
+    assert not surface.per_code_reset()
+
+
 @exercises("skip_code")
 def test_a_skipped_code_runs_uncompiled_as_a_frame_of_its_own_and_reset_lets_it_in_again():
     def inner(x):

@@ -245,14 +245,10 @@ def test_a_process_that_fits_many_models_compiles_the_wrapper_in_every_fit(fresh
 
 
 @RunIf(skip_windows=True)
-@pytest.mark.parametrize("name", ["_debug_get_cache_entry_list", "reset_code"])
-def test_a_torch_without_the_per_code_reset_compiles_the_steps_inside_the_wrapper(
-    fresh_dynamo, tmp_path, monkeypatch, name
-):
+def test_a_torch_without_the_per_code_reset_compiles_the_steps_inside_the_wrapper(fresh_dynamo, tmp_path, monkeypatch):
     """The compile of the wrapper needs Dynamo's private per-code reset (above): on a torch without it, the steps are
     compiled inside the wrapper, as the re-apply does, so a process's later fits are compiled too."""
-    monkeypatch.delattr(torch._C._dynamo.eval_frame, name)
-    monkeypatch.setattr(compile_connector, "_crowded_code_reset", lambda model: lambda: None)  # private names too
+    monkeypatch.setattr(compile_connector.surface, "per_code_reset", lambda: False)
     probe = IsCompilingInWrapperForward()
     fallback = "the steps are compiled inside the wrapper instead"
     with pytest.warns(UserWarning, match=fallback) as warned:
