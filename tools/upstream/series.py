@@ -441,8 +441,8 @@ python reducer (`optimize_ddp="python_reducer"` with compiled autograd), under w
 `_pre_forward`/`_post_forward` return early and torch inlines DDP's forward into a compiled
 wrapper; its crash is gone from torch since 2.7 (pytorch#147123), and compiling the wrapper for
 that mode is left to a change of its own. So this PR does not claim to fix #20242. Under DDP's
-default C++
-reducer that does not happen, on any torch tested: Dynamo skips DDP's `forward` (torch 2.6: its
+default C++ reducer, DDP's pre- and post-forward are not compiled either way, on any torch
+tested: Dynamo skips DDP's `forward` (torch 2.6: its
 file is skipped) or breaks at `_inside_ddp_forward`, which torch marks skipped on purpose
 ("dynamo only kicks in for the module_to_run underneath"), and DDP's `_pre_forward` and
 `_post_forward` run as Python at every step whether the wrapper or the steps are compiled
