@@ -66,14 +66,15 @@ def _src_lines_added(patch_file: Path) -> int:
     )
 
 
-@pytest.mark.parametrize(("subject", "most"), [("REAPPLY", 120), ("USE_COMPILE", 125)])
+@pytest.mark.parametrize(("subject", "most"), [("REAPPLY", 95), ("USE_COMPILE", 155)])
 def test_the_rungs_a_maintainer_would_merge_stay_small(subject, most):
-    # Fabric's re-apply (#19280) was 94 src lines; the re-apply adds its connector (89 lines with docstrings, 13 of
-    # license), the Trainer's calls, the strategy check (its body moved into a function of its own, which the
-    # Trainer calls for a model it is to compile: 13 lines), and a warning when a model passed compiled to an earlier
-    # stage comes back plain: 120. It compiles the steps, not the wrapper, so it needs no reset of the forward
+    # Fabric's re-apply (#19280) was 94 src lines; the re-apply adds its connector (the unwrap and the compile after the
+    # setup: 70 lines with docstrings, 13 of license), the Trainer's calls, and the strategy check (its body moved into a
+    # function of its own, which the Trainer calls for a model it is to compile): 91. It leaves the model compiled after
+    # the run, as master does, and compiles the steps, not the wrapper, so it needs no undo and no reset of the forward
     # redirection (the seam's, with the wrapper's compile). The fix of Fabric's capture is a rung of its own.
-    # `use_compile`: the flag, its check by `torch.compile`, and the refusal of a model compiled by hand otherwise
+    # `use_compile`: the flag, its check by `torch.compile`, the refusal of a model compiled by hand otherwise, and the
+    # undo, in `_teardown`, of what it compiled of a model passed in plain
     for base_name in series.BASES:
         number = [patch.subject for patch in series.series(base_name)].index(getattr(series, subject).subject) + 1
         [patch_file] = patchset.series_dir(base_name).glob(f"{number:04d}-*.patch")
@@ -93,7 +94,7 @@ def test_the_core_stack_is_the_fixes_then_the_reapply_then_use_compile_then_the_
         assert {type(edit).__name__ for edit in fix.edits} >= {"ReplaceDef"}
 
 
-def test_the_reapply_rung_adds_no_argument_no_seam_and_no_private_torch_name():
+def test_the_reapply_rung_adds_no_argument_no_seam_no_undo_and_no_private_torch_name():
     connector = patchset.render_module("compile_connector", set())
     assert "use_compile" not in connector
     assert "_CompileFeature" not in connector
@@ -101,8 +102,12 @@ def test_the_reapply_rung_adds_no_argument_no_seam_and_no_private_torch_name():
     # it compiles the steps (`from_compiled`), not the wrapper, and resets nothing: none of the wrapper's private names
     for private in ("torch._C", "torch._dynamo.config", "reset_code", "_compiled_call_impl", "wrapped_forward"):
         assert private not in connector, private
+    # it leaves the model compiled after the run, as master does: no undo, and no change of the Trainer's teardown
+    assert "def teardown" not in connector
+    assert "defer" not in connector
     trainer_lines = "\n".join(edit.new for edit in series.REAPPLY.edits if edit.path == series.TRAINER)
     assert "use_compile" not in trainer_lines
+    assert "teardown" not in trainer_lines
     ast.parse(connector)
 
 

@@ -3,7 +3,7 @@
 :meth:`_CompileConnector.unwrap` takes the LightningModule passed to ``fit``/``validate``/``test``/``predict`` out of
 its ``torch.compile`` wrapper and keeps its arguments. Right after ``strategy.setup``, before any hook that runs a step,
 :meth:`~_CompileConnector.compile` compiles the LightningModule's steps in place, with them: the strategy runs them
-directly, or inside its wrapper (DDP, FSDP). :meth:`~_CompileConnector.teardown` undoes it.
+directly, or inside its wrapper (DDP, FSDP).
 
 """
 # [ladder package]
@@ -12,7 +12,7 @@ directly, or inside its wrapper (DDP, FSDP). :meth:`~_CompileConnector.teardown`
 # feature seam, and untagged lines with the re-apply patch. The package runs the file as it is, every layer in.
 # [/ladder]
 
-import contextlib  # noqa: I001 (the layers of `typing` imports: `tools/upstream/layers.py` merges them)
+import contextlib  # noqa: I001 (`tools/upstream/layers.py` merges the layers' `typing` imports)  # [ladder use_compile]
 import difflib  # [ladder use_compile]
 import functools  # [ladder features]
 import importlib  # [ladder features]
@@ -23,7 +23,8 @@ import re  # [ladder features]
 import types  # [ladder features]
 from collections.abc import Mapping
 from dataclasses import dataclass, field  # [ladder features]
-from typing import Any, Callable, Optional, cast
+from typing import Any, Optional, cast
+from typing import Callable  # [ladder use_compile]
 from typing import ClassVar, Literal  # [ladder features]
 from typing import Union  # [ladder use_compile]
 
@@ -33,7 +34,7 @@ from torch._dynamo import OptimizedModule
 import lightning.pytorch as pl
 import lightning_compile_patch.compile_features as compile_features  # [ladder features]
 from lightning_compile_patch.compile_features import _torch_surface as surface  # [ladder features]
-from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
+from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6  # [ladder use_compile]
 from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.strategies import ModelParallelStrategy  # [ladder features]
 from lightning.pytorch.strategies.strategy import _ForwardRedirection  # [ladder features]
@@ -154,7 +155,7 @@ _RUNNING: list["_CompileConnector"] = []
 
 
 class _CompileConnector:
-    """Compiles what the strategy calls after the strategy has wrapped the model, and undoes it after the run."""
+    """Compiles what the strategy runs, in every stage, once the strategy has set the model up."""
 
     # [ladder features]
     #: The features' keys that every ``use_compile`` of this process sets unless it sets them itself: none in Lightning;
@@ -202,7 +203,7 @@ class _CompileConnector:
         self._active: list[_CompileFeature] = []
         self._undo: dict[_Scope, list[Callable[[], Any]]] = {"compile": [], "run": []}
         # [/ladder]
-        # [ladder !features] self._undo: list[Callable[[], Any]] = []
+        # [ladder use_compile !features] self._undo: list[Callable[[], Any]] = []
 
     # [ladder use_compile]
     def verify_strategy(self) -> None:
@@ -219,18 +220,20 @@ class _CompileConnector:
         """Takes a model out of its ``torch.compile`` wrapper, to compile it after the strategy wraps it instead."""
         if model is None:
             return model  # the stage reuses the Trainer's model, and with it the compiled input's arguments
+        # [ladder features]
         if model is self.trainer.lightning_module and self._input_kwargs is not None:
             rank_zero_warn(
                 "The model was passed compiled to an earlier stage of this Trainer, and now without its `torch.compile`"
                 " wrapper, so this stage runs it uncompiled. Pass the compiled model, or no model, to run it compiled."
             )
+        # [/ladder]
         self._input_kwargs = None
         # [ladder use_compile]
         if self.use_compile is not None:
             # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)
             _verify_one_compile(model, self.use_compile, self.options.torch_kwargs)  # [ladder features]
         # [/ladder]
-        if not isinstance(model, OptimizedModule) or not _TORCH_GREATER_EQUAL_2_6:
+        if not isinstance(model, OptimizedModule):
             return model
         # [ladder use_compile]
         if self.enabled:  # compiled with `use_compile`'s own arguments: compiled once, after the wrap
@@ -293,13 +296,17 @@ class _CompileConnector:
         if wrapper is not module and (self.enabled or self.input_defaults) and self._compile_wrapper(wrapper, kwargs):
             return
         # [/ladder]
+        if module._compiler_ctx is not None:  # left compiled by an earlier stage: compiled afresh, not twice over
+            to_uncompiled(module)
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
         # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
         # [ladder use_compile]
         # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which would leave `_compile_kwargs` on the module
         from_compiled(cast(OptimizedModule, inspect.unwrap(torch.compile)(module, **kwargs)))
         # [/ladder]
-        self.defer(to_uncompiled, module)
+        # [ladder use_compile !features] if self.enabled:  # a model the Trainer compiled on its own is plain again after the run  # noqa: E501
+        # [ladder use_compile !features]     self.defer(to_uncompiled, module)
+        self.defer(to_uncompiled, module)  # [ladder features]
         # [ladder features]
         assert module._compiler_ctx is not None
         for name in ("training_step", "validation_step", "test_step", "predict_step"):
@@ -379,6 +386,7 @@ class _CompileConnector:
         return value
 
     # [/ladder]
+    # [ladder use_compile]
     # [ladder !features] def defer(self, undo: Callable[..., Any], *args: Any) -> None:
     def defer(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:  # [ladder features]
         """Calls ``undo(*args)`` when the run's changes are undone (at its teardown), latest first."""
@@ -430,6 +438,7 @@ class _CompileConnector:
     # [ladder !features]     with contextlib.ExitStack() as stack:  # callbacks run last-in, first-out
     # [ladder !features]         for step in undo:
     # [ladder !features]             stack.callback(step)
+    # [/ladder]
 
 
 # [ladder features]

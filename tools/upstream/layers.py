@@ -51,7 +51,7 @@ def render(source: str, layers: set[str]) -> str:
                 code = re.sub(r"\s+# noqa: E501$", "", match["rest"][1:].rstrip())  # long only as a comment
                 out.append(match["indent"] + code + "\n")
         elif holds(match["tags"], layers):
-            out.append(match["indent"] + match["code"] + "\n")
+            out.append(match["indent"] + _NOQA.sub("", match["code"]) + "\n")
     if blocks:
         raise ValueError("a `# [ladder ...]` block is not closed")
     return _blank_lines(_merge_from_imports("".join(out)))

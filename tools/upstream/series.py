@@ -378,15 +378,22 @@ Issue text:
 _FIXED_SPAWN = (
     '- Fixed `strategy="ddp_spawn"` failing to pickle a `torch.compile`-d model ("Can\'t pickle'
     " BoringModel.forward: it's not the same object\"), with PyTorch 2.6 and later: the model is unwrapped before the"
-    " processes are spawned"
+    " processes are spawned, and each process compiles its steps"
 )
 _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer now has its steps compiled, with the same arguments, after the"
-    " strategy has set it up and before any hook runs a step, and the LightningModule passed in is no longer left"
-    " compiled after the run (its `_compiler_ctx` is `None`, and `to_uncompiled(model)` raises): pass the compiled"
-    " model again, or no model, to run `validate`, `test` or `predict` compiled (the Trainer warns when its model"
-    " comes back without its wrapper)\n"
+    " strategy has set it up and before any hook runs a step, rather than when it is passed to"
+    " `fit`/`validate`/`test`/`predict`\n"
 )
+#: The fork undoes what a run compiled, a compiled model passed in included.
+_UNDONE = (
+    "- A `torch.compile`-d model passed to the Trainer is no longer left compiled after the run (its `_compiler_ctx` is"
+    " `None`): pass the compiled model again, or no model, to run `validate`, `test` or `predict` compiled (the"
+    " Trainer warns when its model comes back without its wrapper)\n"
+)
+
+_REAPPLY_TESTS = "tests_pytorch/trainer/test_trainer_reapply_compile.py"
+_STAYS_COMPILED = '    assert model._compiler_ctx["compiler"] == "dynamo"  # left compiled after the run, as before\n'
 
 REAPPLY = Patch(
     subject="Compile a `torch.compile`-d model's steps again after the strategy sets it up",
@@ -408,31 +415,21 @@ for Fabric's helpers. This patch keeps the re-apply without a flag and Fabric's
   keep its arguments. Right after `strategy.setup`, before any hook that runs a step (the
   tuner's trials run in `on_fit_start`), the LightningModule's steps are compiled in place with
   them (`from_compiled`). The strategy runs them directly, or inside its wrapper (DDP, FSDP),
-  which keeps its type and state-dict keys.
-- Each step keeps its signature, and the compile is undone in `_teardown` (`to_uncompiled`), on
-  every path, so nothing compiled is left on the model.
+  which keeps its type and state-dict keys. Each step keeps its signature.
+- `strategy="ddp_spawn"` with a compiled model works: the plain model is pickled, and each
+  process compiles its steps.
+- As on master, the model's steps stay compiled after the run, so `trainer.test(model)` runs
+  compiled after `fit`. A model passed compiled again is compiled afresh from its own steps
+  (master compiled its compiled steps over again, so `to_uncompiled` did not give the plain
+  model back).
 - The arguments are the ones Fabric captured from `torch.compile`, which since the previous
   patch keep the user's backend object itself: a backend that counts graphs or holds state (a
   `CompileCounter`) sees the run's graphs, as it did on master.
-- `strategy="ddp_spawn"` with a compiled model works: the plain model is pickled, and each
-  process compiles its steps.
 - The strategy check of `_verify_strategy_supports_compile` is now
   `_verify_strategy_can_compile`, which the Trainer also calls when it unwraps a compiled model,
   since the unwrapped model is not compiled yet. The message and the strategies refused are
   unchanged.
-- A behaviour change, in the CHANGELOG: a later stage runs the model compiled when it is passed
-  compiled again, or not at all (`trainer.test()`). On master `fit` left the model's steps
-  compiled, so `trainer.test(model)` with the plain model ran compiled; now it runs uncompiled,
-  and the Trainer warns when the model passed compiled to an earlier stage comes back without
-  its wrapper.
-- The undo is a behaviour change that one reviewer asked to keep and another to leave out, or to
-  bring with a deprecation. Without it (one line, the `defer(to_uncompiled, ...)` of the
-  connector) the model stays compiled after the run, as on master, and `ddp_spawn` is fixed all
-  the same; the warning and the changed assertions of `utilities/test_compile.py` go with it.
-- It is gated on torch 2.6, the oldest torch its tests ran on; before that, a compiled model is
-  compiled as it was. Nothing in it needs 2.6 (it compiles with `from_compiled`, as master does
-  on every torch): for one behaviour on every supported torch, the gate and the tests'
-  `min_torch` go, after a run on torch 2.1-2.5. No private torch name beyond
+- On every torch Lightning supports (2.1 and later), with no private torch name beyond
   `torch._dynamo.OptimizedModule`, which master imports too.
 
 **Why not the wrapper.** #20269 compiled the DDP wrapper, as Fabric does by default since
@@ -472,22 +469,24 @@ then wrap it which will also be less prone to graph breaks. This might change in
 The compile docs' limitation ("does not reapply `torch.compile` over DDP/FSDP") now says what
 the Trainer compiles, and why not the wrapper.
 
-**Tests.** `test_trainer_reapply_compile.py`. Of those that fail on master (8, counting each
-parameter), 5 check the unwrap and the undo (nothing compiled left on the model after a run,
-on one device and under DDP, and after a run that raises) and `ddp_spawn` on two processes,
-whose pickling of a compiled model failed on master; 2 the warning when the model comes back
-plain (master ran it compiled); and one, the steps' signatures, fails on master through the
+**Tests.** `test_trainer_reapply_compile.py`, with no `min_torch` (run on torch 2.1.2, 2.6.0
+and 2.13). On master 4 of its tests fail (counting each parameter): `ddp_spawn` on two
+processes, whose pickling of a compiled model failed; a model passed compiled a second time,
+whose compiled steps master compiled over again (2); and the steps' signatures, through the
 `from_compiled` bug of the second patch. The others pass on master and guard what the re-apply
 must keep: the steps compiled inside the DDP wrapper (a forward pre-hook on it sees no compile,
-and each step ran its graph), the user's backend object compiling again (fixed by the fourth
-patch), a process that fits many models compiling every fit, the tuner's trials compiled (a
-compile after the `on_fit_start` hooks fails it), and each stage compiling its step once.
-Lightning's `utilities/test_compile.py` asserted that the model stays compiled after `fit`;
-from torch 2.6 it asserts the undo. The tests also fail on two mutants of this patch: one that
-keeps master's placement (the model passed in is not unwrapped: 7 failures) and one that
-compiles after the `on_fit_start` hooks (2).""",
+and each step ran its graph), weights equal to eager, the user's backend object compiling again
+(fixed by the fourth patch), a process that fits many models compiling every fit, the tuner's
+trials compiled (a compile after the `on_fit_start` hooks fails it), each stage compiling its
+steps once, and Dynamo's config and the environment left as they were. The file also fails
+on two mutants of this patch: one that keeps master's placement (the model passed in is not
+unwrapped: 3 failures) and one that compiles after the `on_fit_start` hooks (2). In
+Lightning's `utilities/test_compile.py`, two tests mock the Trainer's run and asserted the
+model compiled after `fit`: the compile now happens in the run, so they assert it is not
+compiled yet; `test_trainer_compiled_model_test`, which runs, asserts the model stays compiled
+after the run.""",
     modules=("compile_connector",),
-    tests=("tests_pytorch/trainer/test_trainer_reapply_compile.py",),
+    tests=(_REAPPLY_TESTS,),
     edits=(
         Replace(
             TRAINER,
@@ -509,15 +508,18 @@ compiles after the `on_fit_start` hooks (2).""",
             "        # compile what the strategy runs, now that it has set the model up, before any hook runs a step\n"
             "        self._compile_connector.compile()\n\n",
         ),
-        Replace(
-            TRAINER,
-            '        those are handled by :meth:`_call_teardown_hook`."""\n' + _LIGHTNING_TEARDOWN,
-            '        those are handled by :meth:`_call_teardown_hook`."""\n'
-            "        try:\n            self._compile_connector.teardown()\n        finally:\n"
-            + _indent(_LIGHTNING_TEARDOWN, 4)
-            + "\n",
-        ),
         ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile", then=("_verify_strategy_can_compile",)),
+        Replace(
+            COMPILE_TESTS,
+            '    trainer.fit(compiled_model)\n    assert trainer.model._compiler_ctx["compiler"] == "dynamo"\n',
+            "    trainer.fit(compiled_model)\n"
+            "    # the steps are compiled after the strategy's setup, in the run, which this test mocks\n"
+            "    assert trainer.model._compiler_ctx is None\n",
+            count=2,
+        ),
+        Replace(
+            COMPILE_TESTS, "    trainer.test(compiled_model)\n", f"    trainer.test(compiled_model)\n{_STAYS_COMPILED}"
+        ),
         Replace(CHANGELOG, "### Changed\n\n-\n", f"### Changed\n\n{_REAPPLIED}"),
         *_changelog_fixed(_FIXED_SPAWN, 1),
         _section_before("Avoid graph breaks", "reapply_compile"),
@@ -533,22 +535,6 @@ compiles after the `on_fit_start` hooks (2).""",
             " compiled in ``configure_model`` instead, as described in `Apply torch.compile in configure_model`_"
             " above.\n",
         ),
-        Replace(
-            COMPILE_TESTS,
-            '    trainer.fit(compiled_model)\n    assert trainer.model._compiler_ctx["compiler"] == "dynamo"\n',
-            "    trainer.fit(compiled_model)\n"
-            "    # from torch 2.6: compiled again after the strategy's setup, and uncompiled after the run\n"
-            "    if _TORCH_GREATER_EQUAL_2_6:\n"
-            "        assert trainer.model._compiler_ctx is None\n"
-            "    else:\n"
-            '        assert trainer.model._compiler_ctx["compiler"] == "dynamo"\n',
-            count=2,
-        ),
-        Replace(
-            COMPILE_TESTS,
-            "from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_2\n",
-            "from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_2, _TORCH_GREATER_EQUAL_2_6\n",
-        ),
     ),
 )
 
@@ -559,7 +545,10 @@ USE_COMPILE = Patch(
 after the strategy's setup; `Trainer(use_compile=True | dict)` does the same for any model, with the
 defaults of `torch.compile` or with the arguments in the dict, which `torch.compile` itself
 checks when the Trainer is built (a dry call that builds the backend), so that a typo fails at
-`Trainer(...)` rather than minutes into the run. `use_compile=False` compiles nothing.
+`Trainer(...)` rather than minutes into the run. `use_compile=False` compiles nothing. What the
+Trainer compiles of a model passed in plain, it undoes in `_teardown`, on every path (after a
+step that raised too): the model is plain again after the run, and pickles. A compiled model
+passed in stays compiled after the run, as with the previous patch.
 
 Who needs a flag rather than `fit(torch.compile(model))`: LightningCLI and YAML configs, which
 build the model and cannot wrap it in `torch.compile` (#17283 got CLI workarounds), and
@@ -644,6 +633,14 @@ before that, as is a strategy that cannot run compiled (DeepSpeed).""",
         ),
         Replace(
             TRAINER,
+            '        those are handled by :meth:`_call_teardown_hook`."""\n' + _LIGHTNING_TEARDOWN,
+            '        those are handled by :meth:`_call_teardown_hook`."""\n'
+            "        try:\n            self._compile_connector.teardown()\n        finally:\n"
+            + _indent(_LIGHTNING_TEARDOWN, 4)
+            + "\n",
+        ),
+        Replace(
+            TRAINER,
             "            plugins=plugins,\n        )\n        self._logger_connector = _LoggerConnector(self)\n",
             "            plugins=plugins,\n        )\n        self._compile_connector.verify_strategy()\n"
             "        self._logger_connector = _LoggerConnector(self)\n",
@@ -694,7 +691,11 @@ compiled, the code that runs share (torch's, Lightning's, the model's classes') 
 run grew past half of Dynamo's recompile limit is reset, so that a process that fits many models
 compiles every fit without `torch.compiler.reset()`; a function the user compiled keeps its
 entries (a compiled torch module or a compiled method of the model called with many shapes
-during the run does not: it compiles again after it). This patch adds no feature.""",
+during the run does not: it compiles again after it). A compiled model passed in is undone
+after the run too, as the package does (upstream, the re-apply leaves it compiled, as master
+does): it is plain after the run, and the Trainer warns when it comes back without its
+`torch.compile` wrapper to a later stage, which then runs uncompiled. This patch adds no
+feature.""",
     modules=("compile_features", "compile_connector", "compile_features._torch_surface"),
     layers=("features",),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
@@ -711,6 +712,12 @@ during the run does not: it compiles again after it). This patch adds no feature
             COMPILE_DOCS,
             "The dict takes the arguments of ``torch.compile``",
             "\nThe features below each take a key of the dict of their own, and do nothing unless it is set.\n",
+        ),
+        InsertAfter(CHANGELOG, _REAPPLIED.splitlines()[0][:60], f"\n{_UNDONE}"),
+        Replace(
+            COMPILE_TESTS,
+            f"    trainer.test(compiled_model)\n{_STAYS_COMPILED}",
+            "    trainer.test(compiled_model)\n    assert model._compiler_ctx is None  # undone after the run\n",
         ),
     ),
 )

@@ -12,6 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 import os
+import pickle
 import types
 
 import pytest
@@ -268,3 +269,88 @@ def test_fullgraph_under_ddp_compiles_the_steps_inside_the_wrapper(fresh_dynamo,
     trainer.fit(BoringModel())
     assert probe.seen == [False, False]  # the wrapper runs eagerly
     assert backend.calls == 2  # and each step ran its compiled graph inside it
+
+
+# The fork undoes what a run compiled, a compiled model passed in included: the model is plain again after the run,
+# and a later stage runs compiled when it gets the compiled model, or no model. (The re-apply leaves the model
+# compiled, as master does.)
+
+_STAGE_KWARGS = {**_TRAINER_KWARGS, "max_steps": -1, "max_epochs": 1, "limit_train_batches": 2, "limit_test_batches": 2}
+
+
+class GraphCallsPerStep(Callback):
+    """How many compiled graphs each batch of each stage ran (a step that ran no compiled code shows 0)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.calls = {}
+
+    def _start(self, trainer):
+        self._before = self.backend.calls
+
+    def _end(self, trainer):
+        self.calls.setdefault(trainer.state.stage.value, []).append(self.backend.calls - self._before)
+
+    def on_train_batch_start(self, trainer, *_):
+        self._start(trainer)
+
+    def on_train_batch_end(self, trainer, *_):
+        self._end(trainer)
+
+    on_test_batch_start = on_train_batch_start
+    on_test_batch_end = on_train_batch_end
+
+
+class RaisesOnTheSecondStep(BoringModel):
+    fail = True
+
+    def training_step(self, batch, batch_idx):
+        if self.fail and batch_idx == 1:
+            raise RuntimeError("the step failed")
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
+def test_a_compiled_model_passed_in_is_plain_again_after_the_run(fresh_dynamo, tmp_path, strategy):
+    model, backend = BoringModel(), CountingBackend()
+    calls = GraphCallsPerStep(backend)
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=[calls], **_STAGE_KWARGS)
+    trainer.fit(torch.compile(model, backend=backend))
+    assert all(calls.calls["train"])
+    # its own methods, nothing compiled left on it, and it pickles
+    assert model._compiler_ctx is None
+    assert "training_step" not in vars(model)
+    pickle.dumps(model)
+
+
+@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
+def test_the_model_passed_compiled_to_fit_and_plain_to_a_later_stage_runs_uncompiled_with_a_warning(
+    fresh_dynamo, tmp_path, strategy
+):
+    model, backend = BoringModel(), CountingBackend()
+    calls = GraphCallsPerStep(backend)
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=[calls], **_STAGE_KWARGS)
+    compiled = torch.compile(model, backend=backend)
+    trainer.fit(compiled)
+    with pytest.warns(UserWarning, match="runs it uncompiled. Pass the compiled model, or no model"):
+        trainer.test(model)
+    assert calls.calls["test"] == [0, 0]
+    trainer.test(compiled)
+    assert all(calls.calls["test"][2:])
+
+
+@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
+def test_a_run_that_raises_is_undone_and_the_model_compiles_again(fresh_dynamo, tmp_path, strategy):
+    model, backend = RaisesOnTheSecondStep(), CountingBackend()
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, **_STAGE_KWARGS)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        trainer.fit(torch.compile(model, backend=backend))
+    # undone on the error path too: nothing compiled left on the model
+    assert model._compiler_ctx is None
+    assert "training_step" not in vars(model)
+    # and a later run of the same model compiles again
+    model.fail = False
+    calls = GraphCallsPerStep(backend)
+    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=[calls], **_STAGE_KWARGS)
+    trainer.fit(torch.compile(model, backend=backend))
+    assert all(calls.calls["train"])
