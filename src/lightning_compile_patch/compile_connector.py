@@ -233,8 +233,8 @@ class _CompileConnector:
             # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)
             _verify_one_compile(model, self.use_compile, self.options.torch_kwargs)  # [ladder features]
         # [/ladder]
-        if not isinstance(model, OptimizedModule):
-            return model
+        if not isinstance(model, OptimizedModule) or not isinstance(model._orig_mod, pl.LightningModule):
+            return model  # Lightning's own checks refuse what it cannot run, as before
         # [ladder use_compile]
         if self.enabled:  # compiled with `use_compile`'s own arguments: compiled once, after the wrap
             return model._orig_mod
@@ -301,7 +301,7 @@ class _CompileConnector:
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
         # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
         # [ladder use_compile]
-        # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which would leave `_compile_kwargs` on the module
+        # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which this compile has no use for
         from_compiled(cast(OptimizedModule, inspect.unwrap(torch.compile)(module, **kwargs)))
         # [/ladder]
         # [ladder use_compile !features] if self.enabled:  # a model the Trainer compiled on its own is plain again after the run  # noqa: E501
@@ -530,14 +530,16 @@ def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any])
         if use_compile is not False and given is not None and _explicit(given) == _explicit(kwargs):
             return  # the compile that `use_compile` asks for
         how = "before `lightning` was imported" if given is None else f"with `torch.compile(model, **{dict(given)})`"
+        plain = "`model._orig_mod`"
     elif getattr(model, "_compiler_ctx", None) is not None:
-        how = "with `from_compiled`"
+        how = "with `from_compiled`, or left compiled by an earlier run of a compiled model,"
+        plain = "`to_uncompiled(model)`"
     else:
         return
     asks = "no compile" if use_compile is False else "a compile of its own"
     raise ValueError(
-        f"The model passed in was compiled {how}, and `Trainer(use_compile={use_compile!r})` asks for {asks}. Pass"
-        " the uncompiled model (`model._orig_mod`, or `to_uncompiled(model)`), or remove `use_compile`."
+        f"The model passed in was compiled {how} and `Trainer(use_compile={use_compile!r})` asks for {asks}. Pass"
+        f" the uncompiled model ({plain}), or remove `use_compile`."
     )
 
 

@@ -347,7 +347,10 @@ that records graphs for a profiler) saw none of them. And since the capture repl
 backend that cannot be copied (one that holds a lock) failed, Fabric or not. A backend given as a
 name or a plain function was never affected: `deepcopy` returns a function itself. The capture
 now keeps every argument as it was passed, but for a shallow copy of the `options` dict, which
-the caller may change later (its values, which inductor lets be objects, are not copied).
+the caller may change later (its values, which inductor lets be objects, are not copied). It
+keeps them on the compiled module itself: `OptimizedModule.__setattr__` sets an attribute on the
+module inside (torch 2.6 and later), so a second `torch.compile` of the same module replaced the
+first one's arguments, and `Fabric.setup` compiled the first with the second's.
 
 Issue text:
 
@@ -417,7 +420,12 @@ for Fabric's helpers. This patch keeps the re-apply without a flag and Fabric's
   them (`from_compiled`). The strategy runs them directly, or inside its wrapper (DDP, FSDP),
   which keeps its type and state-dict keys. Each step keeps its signature.
 - `strategy="ddp_spawn"` with a compiled model works: the plain model is pickled, and each
-  process compiles its steps.
+  process compiles its steps (the main process's model stays plain). A model passed as
+  `from_compiled(torch.compile(model))` is compiled when passed in, as before, and still cannot
+  be pickled.
+- A compiled module that is not a LightningModule is refused as before (the same `ValueError`).
+  A model compiled before `lightning` was imported has no captured arguments: it is compiled
+  when passed in, as before, with a warning that says to import `lightning` first.
 - As on master, the model's steps stay compiled after the run, so `trainer.test(model)` runs
   compiled after `fit`. A model passed compiled again is compiled afresh from its own steps
   (master compiled its compiled steps over again, so `to_uncompiled` did not give the plain
@@ -433,41 +441,22 @@ for Fabric's helpers. This patch keeps the re-apply without a flag and Fabric's
   `torch._dynamo.OptimizedModule`, which master imports too.
 
 **Why not the wrapper.** #20269 compiled the DDP wrapper, as Fabric does by default since
-#19382, for DDP's "pre/post forward also compiled". #20242, which it meant to fix, ran DDP's
-python reducer (`optimize_ddp="python_reducer"` with compiled autograd), under which DDP's
-`_pre_forward`/`_post_forward` return early and torch inlines DDP's forward into a compiled
-wrapper; its crash is gone from torch since 2.7 (pytorch#147123), and compiling the wrapper for
-that mode is left to a change of its own. So this PR does not claim to fix #20242. Under DDP's
-default C++ reducer, DDP's pre- and post-forward are not compiled either way, on any torch
-tested: Dynamo skips DDP's `forward` (torch 2.6: its
-file is skipped) or breaks at `_inside_ddp_forward`, which torch marks skipped on purpose
-("dynamo only kicks in for the module_to_run underneath"), and DDP's `_pre_forward` and
-`_post_forward` run as Python at every step whether the wrapper or the steps are compiled
-(their frames counted with `sys.setprofile` on torch 2.6.0, 2.7.1, 2.8.0, 2.13.0 and 2.14.1).
-An earlier version of this patch compiled the wrapper, and it cost:
-- more Dynamo work for the same graph: for a `BoringModel` under DDP (eager backend, torch
-  2.13), 22 frames converted and 2 graph breaks in DDP's code, against 1 frame and no break
-  with the steps compiled, one graph either way;
-- three private torch names, to keep a process's later fits compiled: Dynamo guards on each
-  fit's new wrapper in the forward redirection's `wrapped_forward`, so without a reset the 9th
-  DDP fit of a process ran uncompiled, and on torch 2.6 every fit compiled again;
-- no measured speed-up: on CPU (the demo GPT of 4 layers, DDP on 2 gloo processes, torch 2.13)
-  the steady step took 0.93 and 0.99 of master's in two runs, within this machine's noise.
-Fabric's re-apply of the same placement loses the whole compile of a model whose `forward` is
-torch's own: on torch 2.13, `fabric.setup(torch.compile(nn.Sequential(...)))` under DDP ran no
-compiled graph (Dynamo breaks in DDP's code and starts no frame in `torch/nn`), where
-`_reapply_compile=False` ran one at every step. The Trainer's steps are LightningModule methods,
-so they compile either way. What FSDP would gain from compiling its wrapper needs a GPU run,
-which this PR could not do; it can follow with numbers. The record on this question points both
-ways: for compiling the wrapper, lantiga on #15922 ("probably compile(ddp(orig model)) is the
-way to go for distributed"), #19280 and #19382 (Fabric's default, after measuring no
-considerable change in step time on FSDP models on 8 A100s) and awaelchli on
-lightning-thunder#1146 ("it is just ensuring that torch.compile is applied over the FSDP/DDP
-wrapped model"); against it, carmocca on #17250 ("Right now there are barely any optimizations
-from compiling the wrapped module, so I would recommend that you compile the original module and
-then wrap it which will also be less prone to graph breaks. This might change in the future").
-The compile docs' limitation ("does not reapply `torch.compile` over DDP/FSDP") now says what
-the Trainer compiles, and why not the wrapper.
+#19382, for DDP's "pre/post forward also compiled". Under DDP's default C++ reducer that does not
+happen on any torch tested (2.6.0 to 2.14.1): Dynamo skips DDP's `forward` or breaks at
+`_inside_ddp_forward`, and DDP's `_pre_forward`/`_post_forward` run as Python at every step
+whether the wrapper or the steps are compiled (their frames counted with `sys.setprofile`). An
+earlier version of this patch compiled the wrapper, and it cost more Dynamo work for the same
+graph (22 frames converted and 2 graph breaks in DDP's code, against 1 frame and none), three
+private torch names to keep a process's later fits compiled, and no measured speed-up on CPU.
+#20242, which #20269 meant to fix, ran DDP's python reducer with compiled autograd, where torch
+inlines DDP's forward into a compiled wrapper; its crash is gone from torch since 2.7
+(pytorch#147123), and compiling the wrapper for that mode is left to a change of its own, with
+GPU numbers. So this PR does not claim to fix #20242. The record points both ways: lantiga on
+#15922 ("probably compile(ddp(orig model)) is the way to go for distributed") and Fabric's
+default (#19382) for compiling the wrapper; carmocca on #17250 ("Right now there are barely any
+optimizations from compiling the wrapped module [...] This might change in the future") against.
+The compile docs' limitation ("does not reapply `torch.compile` over DDP/FSDP") now says what the
+Trainer compiles.
 
 **Tests.** `test_trainer_reapply_compile.py`, with no `min_torch` (run on torch 2.1.2, 2.6.0
 and 2.13). On master 4 of its tests fail (counting each parameter): `ddp_spawn` on two
@@ -480,7 +469,8 @@ and each step ran its graph), weights equal to eager, the user's backend object 
 trials compiled (a compile after the `on_fit_start` hooks fails it), each stage compiling its
 steps once, and Dynamo's config and the environment left as they were. The file also fails
 on two mutants of this patch: one that keeps master's placement (the model passed in is not
-unwrapped: 3 failures) and one that compiles after the `on_fit_start` hooks (2). In
+unwrapped: 3 failures) and one that compiles after the `on_fit_start` hooks (2). It is 11 tests
+on CPU (about a minute on 2 cores) and 2 on 2 GPUs. In
 Lightning's `utilities/test_compile.py`, two tests mock the Trainer's run and asserted the
 model compiled after `fit`: the compile now happens in the run, so they assert it is not
 compiled yet; `test_trainer_compiled_model_test`, which runs, asserts the model stays compiled
@@ -548,14 +538,15 @@ checks when the Trainer is built (a dry call that builds the backend), so that a
 `Trainer(...)` rather than minutes into the run. `use_compile=False` compiles nothing. What the
 Trainer compiles of a model passed in plain, it undoes in `_teardown`, on every path (after a
 step that raised too): the model is plain again after the run, and pickles. A compiled model
-passed in stays compiled after the run, as with the previous patch.
+passed in without the flag stays compiled after the run, as with the previous patch; with the
+flag, the Trainer compiles it with the flag's arguments, and undoes that too.
 
 Who needs a flag rather than `fit(torch.compile(model))`: LightningCLI and YAML configs, which
 build the model and cannot wrap it in `torch.compile` (#17283 got CLI workarounds), and
 libraries that build their own Trainer from their user's Trainer arguments. That is the one
-case the previous patch does not cover: with it, as lantiga put it when closing #20269 (itself
-a flag, `reapply_compile`, which the author then removed), "we will want this whenever we have
-an optimized model in input", and every such model is compiled after the setup. A model whose
+case the previous patch does not cover. lantiga's comment in the review of #20269, which argued
+against a flag there ("I don't think we need reapply_compile, we will want this whenever we have
+an optimized model in input"), is what the previous patch does for a compiled model. A model whose
 layers are built in `configure_model` does not need the flag (`torch.compile` is lazy:
 `fit(torch.compile(model))` compiles them), nor does `validate` after `fit` (the Trainer
 compiles its model again).
@@ -565,8 +556,11 @@ The question for the maintainers: #15914 (`Trainer(compile=...)`) was closed for
 configuration-driven compiles? The alternatives, without one:
 - `fit(torch.compile(model))`, which the previous patch compiles after the setup: a config-built
   model cannot be wrapped without code (a custom `LightningCLI` subclass, a library's option);
-- compiling in `configure_model`: before the wrap for DDP (master's placement), and lazy
-  layers only;
+- a `compile` hyperparameter of the LightningModule that compiles its own submodules (in
+  `__init__` or `configure_model`): it works from a YAML config today, with no Trainer change,
+  and under DDP's C++ reducer compiling before the wrap costs nothing measurable (previous
+  patch). It is the strongest alternative: what it lacks is one switch for any model, such as a
+  library's, whose code the user does not write;
 - a `Callback` that compiles `trainer.strategy.model`, which a config sets through
   `trainer.callbacks`: its `setup` runs before the strategy's, and its `on_fit_start` after the
   tuner's trials (the callback connector moves `LearningRateFinder` and `BatchSizeFinder`
@@ -650,14 +644,14 @@ before that, as is a strategy that cannot run compiled (DeepSpeed).""",
             CHANGELOG,
             f"{_UNRELEASED}-\n",
             f"{_UNRELEASED}- Added `Trainer(use_compile=...)`, which compiles the model after the strategy has wrapped"
-            f" it, in every stage, with `torch.compile` arguments checked when the Trainer is built {ISSUE}\n",
+            " it, in every stage, with `torch.compile` arguments checked when the Trainer is built\n",
             bases=("2.6.6",),
         ),
         Replace(
             CHANGELOG,
             _UNRELEASED,
             f"{_UNRELEASED}- Added `Trainer(use_compile=...)`, which compiles the model after the strategy has wrapped"
-            f" it, in every stage, with `torch.compile` arguments checked when the Trainer is built {ISSUE}\n\n",
+            " it, in every stage, with `torch.compile` arguments checked when the Trainer is built\n\n",
             bases=("master",),
         ),
         Replace(

@@ -51,3 +51,12 @@ def test_the_options_dict_is_copied_but_not_its_values():
     compiled = torch.compile(torch.nn.Linear(2, 2), backend="inductor", options=options)
     assert compiled._compile_kwargs["options"] is not options
     assert compiled._compile_kwargs["options"]["post_grad_custom_post_pass"] is custom_pass
+
+
+@RunIf(dynamo=True)
+def test_each_compile_of_one_module_keeps_its_own_arguments():
+    module = torch.nn.Linear(2, 2)
+    first = torch.compile(module, backend="eager")
+    second = torch.compile(module, backend="aot_eager")
+    assert first._compile_kwargs == {"backend": "eager"}
+    assert second._compile_kwargs == {"backend": "aot_eager"}

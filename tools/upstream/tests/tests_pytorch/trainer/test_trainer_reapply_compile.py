@@ -14,8 +14,8 @@
 """A `torch.compile`-d model passed to the Trainer is compiled again, with the same arguments, after the strategy's
 setup: its steps, which the strategy runs directly or inside its wrapper."""
 
+import inspect
 import json
-import os
 
 import pytest
 import torch
@@ -135,17 +135,6 @@ def test_compiled_model_runs_every_step_compiled_after_the_strategy_wraps(tmp_pa
         torch.testing.assert_close(actual, expected)
 
 
-@RunIf(dynamo=True)
-@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
-def test_the_users_backend_object_compiles_again_after_the_wrap(tmp_path, strategy):
-    """The backend itself, not a copy: a backend that counts graphs or holds state sees the run's graphs."""
-    backend = CountingBackend()
-    trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, **_TRAINER_KWARGS)
-    trainer.fit(torch.compile(BoringModel(), backend=backend))
-    assert backend.graphs > 0
-    assert backend.calls > 0
-
-
 @RunIf(dynamo=True, skip_windows=True)
 def test_under_ddp_the_steps_run_compiled_inside_the_wrapper(tmp_path):
     """The strategy runs each step through the DDP wrapper's call, which runs as Python (a forward pre-hook on it never
@@ -176,29 +165,6 @@ def test_the_steps_run_compiled_on_two_processes(tmp_path):
     assert seen == [[1, 1], [1, 1]]
 
 
-def _compiled_calls_per_fit_of_ten_widths(tmp_path, strategy, backend, callbacks=()):
-    """A sweep in one process: 10 fits of 10 widths, from the 9th one past the default recompile limit of 8."""
-    calls = []
-    for width in range(8, 18):
-        model = BoringModel()
-        model.layer = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.Linear(width, 2))
-        before = backend.calls
-        kwargs = {**_TRAINER_KWARGS, "limit_val_batches": 0}
-        trainer = Trainer(default_root_dir=tmp_path, strategy=strategy, callbacks=list(callbacks), **kwargs)
-        trainer.fit(torch.compile(model, backend=backend))
-        calls.append(backend.calls - before)
-    return calls
-
-
-@RunIf(dynamo=True)
-@pytest.mark.parametrize("strategy", ["auto", pytest.param("ddp", marks=RunIf(skip_windows=True))])
-def test_a_process_that_fits_many_models_compiles_every_fit(tmp_path, strategy):
-    """A sweep: each fit compiles the steps of its own model, of another width, in one process; the 9th fit of the
-    process is compiled too."""
-    calls = _compiled_calls_per_fit_of_ten_widths(tmp_path, strategy, CountingBackend())
-    assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
-
-
 @RunIf(dynamo=True)
 def test_each_stage_compiles_its_step_once(tmp_path):
     model, backend = BoringModel(), CountingBackend()
@@ -211,51 +177,6 @@ def test_each_stage_compiles_its_step_once(tmp_path):
         first = backend.graphs
         stage(compiled)  # compiled afresh, from the same steps: it reuses what the first compiled
         assert backend.graphs == first, stage.__name__
-
-
-@RunIf(dynamo=True, skip_windows=True)
-def test_each_step_compiles_once_across_stages_under_ddp(tmp_path):
-    backend = CountingBackend()
-    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", **_TRAINER_KWARGS)
-    compiled = torch.compile(BoringModel(), backend=backend)
-    trainer.fit(compiled)
-    fitted = backend.graphs
-    trainer.validate(compiled)
-    validated = backend.graphs
-    trainer.validate(compiled)
-    # fit compiles the training and validation steps (inside the wrapper); validate, without a wrapper and under
-    # `inference_mode`, compiles the validation step at most once more, and a second validate compiles nothing
-    assert validated <= fitted + 1
-    assert backend.graphs == validated
-
-
-@RunIf(dynamo=True, skip_windows=True)
-def test_under_ddp_the_step_compiles_once_however_many_steps(tmp_path):
-    backend = CountingBackend()
-    seen = []
-
-    class GraphsPerStep(Callback):
-        def on_train_batch_end(self, *_):
-            seen.append(backend.graphs)
-
-    kwargs = {**_TRAINER_KWARGS, "limit_train_batches": 6, "limit_val_batches": 0}
-    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp", callbacks=[GraphsPerStep()], **kwargs)
-    trainer.fit(torch.compile(BoringModel(), backend=backend))
-    assert seen == [seen[0]] * 6, seen  # nothing compiled after the first step
-
-
-@RunIf(dynamo=True)
-def test_the_step_signature_is_kept(tmp_path):
-    class NoBatchIdx(BoringModel):
-        def training_step(self, batch):
-            return super().training_step(batch, 0)
-
-    model, backend = NoBatchIdx(), CountingBackend()
-    model.validation_step = None  # turns validation off
-    trainer = Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS)
-    trainer.fit(torch.compile(model, backend=backend))
-    assert backend.calls == 2
-    assert model.validation_step is None
 
 
 class LRFinderTrialCalls(BoringModel):
@@ -317,23 +238,23 @@ def test_a_model_passed_compiled_again_is_compiled_from_its_own_steps(tmp_path, 
 
 
 @RunIf(dynamo=True)
-def test_the_compiled_model_passed_in_still_works(tmp_path):
-    compiled = torch.compile(BoringModel(), backend="eager")
-    Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS).fit(compiled)
-    assert compiled(torch.randn(2, 32)).shape == (2, 2)
+def test_a_model_compiled_before_lightning_was_imported_is_compiled_when_passed_in_with_a_warning(tmp_path):
+    """Its arguments are unknown, so it cannot be compiled again: its steps are compiled when it is passed in, as on
+    master."""
+    model, backend = BoringModel(), CountingBackend()
+    calls = GraphCallsPerStep(backend)
+    compiled = inspect.unwrap(torch.compile)(model, backend=backend)  # `torch.compile` without Lightning's capture
+    trainer = Trainer(default_root_dir=tmp_path, callbacks=[calls], **_TRAINER_KWARGS)
+    with pytest.warns(UserWarning, match="compiled before `lightning` was imported"):
+        trainer.fit(compiled)
+    assert all(calls.calls["train"])
 
 
 @RunIf(dynamo=True)
-def test_a_compiled_fit_leaves_dynamos_config_and_the_environment_as_they_were(tmp_path):
-    import torch._dynamo.config as dynamo_config
-
-    # torch's first `torch.compile` in a process sets TORCHINDUCTOR_CACHE_DIR to its default: do it before the snapshot
-    torch.compile(torch.nn.Linear(1, 1), backend="eager")(torch.ones(1, 1))
-    # `save_config`, not `get_config_copy`, which deep-copies a module that the config holds on torch 2.1
-    config_before, environ_before = dynamo_config.save_config(), dict(os.environ)
-    Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS).fit(torch.compile(BoringModel(), backend="eager"))
-    assert dynamo_config.save_config() == config_before
-    assert dict(os.environ) == environ_before
+def test_a_compiled_module_that_is_not_a_lightning_module_is_refused_as_before(tmp_path):
+    trainer = Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS)
+    with pytest.raises(ValueError, match="expected to be a compiled LightningModule"):
+        trainer.fit(torch.compile(torch.nn.Linear(32, 2), backend="eager"))
 
 
 @RunIf(min_cuda_gpus=2, standalone=True, dynamo=True)
