@@ -461,15 +461,14 @@ Trainer compiles.
 **Tests.** `test_trainer_reapply_compile.py`, with no `min_torch` (run on torch 2.1.2, 2.6.0
 and 2.13). On master 4 of its tests fail (counting each parameter): `ddp_spawn` on two
 processes, whose pickling of a compiled model failed; a model passed compiled a second time,
-whose compiled steps master compiled over again (2); and the steps' signatures, through the
-`from_compiled` bug of the second patch. The others pass on master and guard what the re-apply
+whose compiled steps master compiled over again (2); and the warning for a model compiled
+before `lightning` was imported. The others pass on master and guard what the re-apply
 must keep: the steps compiled inside the DDP wrapper (a forward pre-hook on it sees no compile,
-and each step ran its graph), weights equal to eager, the user's backend object compiling again
-(fixed by the fourth patch), a process that fits many models compiling every fit, the tuner's
-trials compiled (a compile after the `on_fit_start` hooks fails it), each stage compiling its
-steps once, and Dynamo's config and the environment left as they were. The file also fails
+and each step ran its graph), weights equal to eager, the tuner's trials compiled (a compile
+after the `on_fit_start` hooks fails it), each stage compiling its steps once, and master's
+`ValueError` for a compiled module that is not a LightningModule. The file also fails
 on two mutants of this patch: one that keeps master's placement (the model passed in is not
-unwrapped: 3 failures) and one that compiles after the `on_fit_start` hooks (2). It is 11 tests
+unwrapped: 4 failures) and one that compiles after the `on_fit_start` hooks (2). It is 11 tests
 on CPU (about a minute on 2 cores) and 2 on 2 GPUs. In
 Lightning's `utilities/test_compile.py`, two tests mock the Trainer's run and asserted the
 model compiled after `fit`: the compile now happens in the run, so they assert it is not
