@@ -242,8 +242,9 @@ class _CompileConnector:
         _verify_strategy_can_compile(self.trainer.strategy)  # where Lightning checks a compiled model
         if getattr(model, "_compile_kwargs", None) is None:
             rank_zero_warn(
-                "The model was compiled before `lightning` was imported, so its `torch.compile` arguments are unknown"
-                " and it is not compiled after the wrap. Import `lightning` before calling `torch.compile`."
+                "The model's `torch.compile` arguments are unknown (it was compiled before `lightning` was imported, or"
+                " not by `torch.compile`), so its steps are compiled when it is passed in, before the strategy's setup,"
+                " and `strategy='ddp_spawn'` cannot pickle it. Import `lightning` before calling `torch.compile`."
             )
             return model
         module, compile_kwargs = _unwrap_compiled(model)

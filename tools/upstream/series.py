@@ -348,9 +348,11 @@ backend that cannot be copied (one that holds a lock) failed, Fabric or not. A b
 name or a plain function was never affected: `deepcopy` returns a function itself. The capture
 now keeps every argument as it was passed, but for a shallow copy of the `options` dict, which
 the caller may change later (its values, which inductor lets be objects, are not copied). It
-keeps them on the compiled module itself: `OptimizedModule.__setattr__` sets an attribute on the
-module inside (torch 2.6 and later), so a second `torch.compile` of the same module replaced the
-first one's arguments, and `Fabric.setup` compiled the first with the second's.
+also keeps them on the compiled module itself: `OptimizedModule.__setattr__` sets an attribute on
+the module inside (torch 2.6 and later), so a second `torch.compile` of the same module replaced
+the first one's arguments, and `Fabric.setup` compiled the first with the second's. The copy on
+the module inside stays, as before: a copy or a pickle of the compiled module (Fabric's
+`ddp_spawn` launcher) rebuilds it from the module inside, and finds them there.
 
 Issue text:
 
@@ -380,13 +382,13 @@ Issue text:
 
 _FIXED_SPAWN = (
     '- Fixed `strategy="ddp_spawn"` failing to pickle a `torch.compile`-d model ("Can\'t pickle'
-    " BoringModel.forward: it's not the same object\"), with PyTorch 2.6 and later: the model is unwrapped before the"
-    " processes are spawned, and each process compiles its steps"
+    " BoringModel.forward: it's not the same object\" from PyTorch 2.6, a local object of Dynamo's before): the model"
+    " is unwrapped before the processes are spawned, and each process compiles its steps"
 )
 _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer now has its steps compiled, with the same arguments, after the"
     " strategy has set it up and before any hook runs a step, rather than when it is passed to"
-    " `fit`/`validate`/`test`/`predict`\n"
+    " `fit`/`validate`/`test`/`predict`: the `setup` and `configure_model` hooks see its steps uncompiled\n"
 )
 #: The fork undoes what a run compiled, a compiled model passed in included.
 _UNDONE = (
@@ -424,8 +426,12 @@ for Fabric's helpers. This patch keeps the re-apply without a flag and Fabric's
   `from_compiled(torch.compile(model))` is compiled when passed in, as before, and still cannot
   be pickled.
 - A compiled module that is not a LightningModule is refused as before (the same `ValueError`).
-  A model compiled before `lightning` was imported has no captured arguments: it is compiled
-  when passed in, as before, with a warning that says to import `lightning` first.
+  A model whose arguments were not captured (compiled before `lightning` was imported, or not by
+  `torch.compile`) is compiled when passed in, as before, with a warning that says why and that
+  `ddp_spawn` cannot pickle it.
+- Known difference: after `to_uncompiled(model)`, a later `trainer.validate()` with no model
+  compiles the Trainer's model again with the arguments it was passed with (master left it
+  plain). Pass the model to run it plain.
 - As on master, the model's steps stay compiled after the run, so `trainer.test(model)` runs
   compiled after `fit`. A model passed compiled again is compiled afresh from its own steps
   (master compiled its compiled steps over again, so `to_uncompiled` did not give the plain
