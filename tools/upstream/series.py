@@ -388,7 +388,10 @@ _FIXED_SPAWN = (
 _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer now has its steps compiled, with the same arguments, after the"
     " strategy has set it up and before any hook runs a step, rather than when it is passed to"
-    " `fit`/`validate`/`test`/`predict`: the `setup` and `configure_model` hooks see its steps uncompiled\n"
+    " `fit`/`validate`/`test`/`predict`: the `setup` and `configure_model` hooks see its steps uncompiled; under"
+    ' `strategy="ddp_spawn"` the model of the main process stays plain; and after `to_uncompiled(model)`, a stage'
+    " run with no model compiles it again (pass the model to run it plain)"
+    " ([#20269](https://github.com/Lightning-AI/pytorch-lightning/pull/20269))\n"
 )
 #: The fork undoes what a run compiled, a compiled model passed in included.
 _UNDONE = (
