@@ -191,6 +191,7 @@ class _CompileConnector:
         # [ladder !features use_compile] self.compile_kwargs = _parse_use_compile(use_compile)
         #: The arguments of a compiled model passed in.
         self._input_kwargs: Optional[Mapping[str, Any]] = None
+        # [ladder !features] self._compiled: Optional["pl.LightningModule"] = None  # the model compiled with them
         # [ladder features]
         #: The arguments every compile of the run in progress uses (``None``: the run compiles nothing).
         self.run_kwargs: Optional[Mapping[str, Any]] = None
@@ -218,8 +219,6 @@ class _CompileConnector:
     # [/ladder]
     def unwrap(self, model: Any) -> Any:
         """Takes a model out of its ``torch.compile`` wrapper, to compile it after the strategy wraps it instead."""
-        if model is None:
-            return model  # the stage reuses the Trainer's model, and with it the compiled input's arguments
         # [ladder features]
         if model is self.trainer.lightning_module and self._input_kwargs is not None:
             rank_zero_warn(
@@ -227,7 +226,8 @@ class _CompileConnector:
                 " wrapper, so this stage runs it uncompiled. Pass the compiled model, or no model, to run it compiled."
             )
         # [/ladder]
-        self._input_kwargs = None
+        # [ladder !features] self._input_kwargs = self._compiled = None
+        self._input_kwargs = None  # [ladder features]
         # [ladder use_compile]
         if self.use_compile is not None:
             # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)
@@ -299,12 +299,16 @@ class _CompileConnector:
         # [/ladder]
         if module._compiler_ctx is not None:  # left compiled by an earlier stage: compiled afresh, not twice over
             to_uncompiled(module)
+        # [ladder !use_compile] elif module is self._compiled:  # made plain by `to_uncompiled` since: it runs plain, as before  # noqa: E501
+        # [ladder !features use_compile] elif module is self._compiled and not self.enabled:  # made plain by `to_uncompiled` since  # noqa: E501
+        # [ladder !features]     return
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
         # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
         # [ladder use_compile]
         # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which this compile has no use for
         from_compiled(cast(OptimizedModule, inspect.unwrap(torch.compile)(module, **kwargs)))
         # [/ladder]
+        # [ladder !features] self._compiled = module
         # [ladder use_compile !features] if self.enabled:  # a model the Trainer compiled on its own is plain again after the run  # noqa: E501
         # [ladder use_compile !features]     self.defer(to_uncompiled, module)
         self.defer(to_uncompiled, module)  # [ladder features]

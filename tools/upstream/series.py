@@ -388,9 +388,8 @@ _FIXED_SPAWN = (
 _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer now has its steps compiled, with the same arguments, after the"
     " strategy has set it up and before any hook runs a step, rather than when it is passed to"
-    " `fit`/`validate`/`test`/`predict`: the `setup` and `configure_model` hooks see its steps uncompiled; under"
-    ' `strategy="ddp_spawn"` the model of the main process stays plain; and after `to_uncompiled(model)`, a stage'
-    " run with no model compiles it again (pass the model to run it plain)"
+    " `fit`/`validate`/`test`/`predict`: the `setup` and `configure_model` hooks see its steps uncompiled, and under"
+    ' `strategy="ddp_spawn"` the model of the main process stays plain'
     " ([#20269](https://github.com/Lightning-AI/pytorch-lightning/pull/20269))\n"
 )
 #: The fork undoes what a run compiled, a compiled model passed in included.
@@ -401,7 +400,14 @@ _UNDONE = (
 )
 
 _REAPPLY_TESTS = "tests_pytorch/trainer/test_trainer_reapply_compile.py"
-_STAYS_COMPILED = '    assert model._compiler_ctx["compiler"] == "dynamo"  # left compiled after the run, as before\n'
+_STAYS_COMPILED = (
+    '    assert model._compiler_ctx["compiler"] == "dynamo"  # left compiled after the run, as before\n'
+    '    trainer.save_checkpoint(tmp_path / "model.ckpt")\n'
+    "    to_uncompiled(model)\n"
+    "    # a stage with no model runs the Trainer's, here made plain, as it is\n"
+    '    trainer.test(ckpt_path=tmp_path / "model.ckpt")\n'
+    "    assert model._compiler_ctx is None\n"
+)
 
 REAPPLY = Patch(
     subject="Compile a `torch.compile`-d model's steps again after the strategy sets it up",
@@ -432,13 +438,11 @@ for Fabric's helpers. This patch keeps the re-apply without a flag and Fabric's
   A model whose arguments were not captured (compiled before `lightning` was imported, or not by
   `torch.compile`) is compiled when passed in, as before, with a warning that says why and that
   `ddp_spawn` cannot pickle it.
-- Known difference: after `to_uncompiled(model)`, a later `trainer.validate()` with no model
-  compiles the Trainer's model again with the arguments it was passed with (master left it
-  plain). Pass the model to run it plain.
 - As on master, the model's steps stay compiled after the run, so `trainer.test(model)` runs
-  compiled after `fit`. A model passed compiled again is compiled afresh from its own steps
-  (master compiled its compiled steps over again, so `to_uncompiled` did not give the plain
-  model back).
+  compiled after `fit`, and a stage run with no model runs the Trainer's model as it is:
+  compiled (afresh, after the strategy's setup) unless `to_uncompiled(model)` made it plain.
+  A model passed compiled again is compiled afresh from its own steps (master compiled its
+  compiled steps over again, so `to_uncompiled` did not give the plain model back).
 - The arguments are the ones Fabric captured from `torch.compile`, which since the previous
   patch keep the user's backend object itself: a backend that counts graphs or holds state (a
   `CompileCounter`) sees the run's graphs, as it did on master.
@@ -482,7 +486,7 @@ on CPU (about a minute on 2 cores) and 2 on 2 GPUs. In
 Lightning's `utilities/test_compile.py`, two tests mock the Trainer's run and asserted the
 model compiled after `fit`: the compile now happens in the run, so they assert it is not
 compiled yet; `test_trainer_compiled_model_test`, which runs, asserts the model stays compiled
-after the run.""",
+after the run, and runs plain in a `trainer.test(ckpt_path=...)` with no model after `to_uncompiled`.""",
     modules=("compile_connector",),
     tests=(_REAPPLY_TESTS,),
     edits=(

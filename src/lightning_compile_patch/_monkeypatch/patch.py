@@ -312,7 +312,7 @@ def _patched_entry_point(entry_point: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(entry_point)
     def wrapper(self: Any, model: Any = None, *args: Any, **kwargs: Any) -> Any:
         connector = getattr(self, "_compile_connector", None)
-        if connector is not None:
+        if connector is not None and model is not None:  # as Lightning's: a stage with no model reuses the Trainer's
             model = connector.unwrap(model)
         return entry_point(self, model, *args, **kwargs)
 
