@@ -191,7 +191,7 @@ class _CompileConnector:
         # [ladder !features use_compile] self.compile_kwargs = _parse_use_compile(use_compile)
         #: The arguments of a compiled model passed in.
         self._input_kwargs: Optional[Mapping[str, Any]] = None
-        # [ladder !features] self._compiled: Optional["pl.LightningModule"] = None  # the model compiled with them
+        # [ladder !features] self._compiled: Optional[pl.LightningModule] = None  # the model compiled with them
         # [ladder features]
         #: The arguments every compile of the run in progress uses (``None``: the run compiles nothing).
         self.run_kwargs: Optional[Mapping[str, Any]] = None
@@ -297,11 +297,11 @@ class _CompileConnector:
         if wrapper is not module and (self.enabled or self.input_defaults) and self._compile_wrapper(wrapper, kwargs):
             return
         # [/ladder]
-        if module._compiler_ctx is not None:  # left compiled by an earlier stage: compiled afresh, not twice over
-            to_uncompiled(module)
-        # [ladder !use_compile] elif module is self._compiled:  # made plain by `to_uncompiled` since: it runs plain, as before  # noqa: E501
-        # [ladder !features use_compile] elif module is self._compiled and not self.enabled:  # made plain by `to_uncompiled` since  # noqa: E501
+        # [ladder !use_compile] if module is self._compiled:  # compiled by an earlier stage: it runs as it is now, as before  # noqa: E501
+        # [ladder !features use_compile] if module is self._compiled and not self.enabled:  # compiled by an earlier stage  # noqa: E501
         # [ladder !features]     return
+        if module._compiler_ctx is not None:  # left compiled by an earlier run: compiled afresh, not twice over
+            to_uncompiled(module)
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
         # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
         # [ladder use_compile]

@@ -227,9 +227,8 @@ _FIXED_TO_UNCOMPILED = (
 )
 
 _FIXED_FABRIC_CAPTURE = (
-    "- Fixed `Fabric.setup` compiling a `torch.compile`-d model again with a copy of its backend object, so that a"
-    " backend that counts graphs or holds state saw none, and `torch.compile` failing, once `lightning` is imported,"
-    " for a backend that cannot be copied: the arguments captured from `torch.compile` are kept as passed"
+    "- Fixed `Fabric.setup` compiling a `torch.compile`-d model again with a copy of its backend object, and"
+    " `torch.compile` failing for a backend that cannot be copied once `lightning` is imported"
 )
 
 _FIXED_FABRIC_REDIRECTION = (
@@ -347,12 +346,10 @@ that records graphs for a profiler) saw none of them. And since the capture repl
 backend that cannot be copied (one that holds a lock) failed, Fabric or not. A backend given as a
 name or a plain function was never affected: `deepcopy` returns a function itself. The capture
 now keeps every argument as it was passed, but for a shallow copy of the `options` dict, which
-the caller may change later (its values, which inductor lets be objects, are not copied). It
-also keeps them on the compiled module itself: `OptimizedModule.__setattr__` sets an attribute on
-the module inside (torch 2.6 and later), so a second `torch.compile` of the same module replaced
-the first one's arguments, and `Fabric.setup` compiled the first with the second's. The copy on
-the module inside stays, as before: a copy or a pickle of the compiled module (Fabric's
-`ddp_spawn` launcher) rebuilds it from the module inside, and finds them there.
+the caller may change later (its values, which inductor lets be objects, are not copied). Where
+they are kept does not change: from torch 2.6, `OptimizedModule.__setattr__` sets them on the
+module inside, so a copy or a pickle of the compiled module finds them, and a second
+`torch.compile` of the same module replaces the first one's, as before.
 
 Issue text:
 
@@ -388,8 +385,8 @@ _FIXED_SPAWN = (
 _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer now has its steps compiled, with the same arguments, after the"
     " strategy has set it up and before any hook runs a step, rather than when it is passed to"
-    " `fit`/`validate`/`test`/`predict`: the `setup` and `configure_model` hooks see its steps uncompiled, and under"
-    ' `strategy="ddp_spawn"` the model of the main process stays plain'
+    " `fit`/`validate`/`test`/`predict`: the `setup` and `configure_model` hooks run before its steps are compiled,"
+    ' and under `strategy="ddp_spawn"` the model of the main process stays plain'
     " ([#20269](https://github.com/Lightning-AI/pytorch-lightning/pull/20269))\n"
 )
 #: The fork undoes what a run compiled, a compiled model passed in included.
@@ -439,13 +436,18 @@ for Fabric's helpers. This patch keeps the re-apply without a flag and Fabric's
   `torch.compile`) is compiled when passed in, as before, with a warning that says why and that
   `ddp_spawn` cannot pickle it.
 - As on master, the model's steps stay compiled after the run, so `trainer.test(model)` runs
-  compiled after `fit`, and a stage run with no model runs the Trainer's model as it is:
-  compiled (afresh, after the strategy's setup) unless `to_uncompiled(model)` made it plain.
-  A model passed compiled again is compiled afresh from its own steps (master compiled its
-  compiled steps over again, so `to_uncompiled` did not give the plain model back).
+  compiled after `fit`, and a stage run with no model runs the Trainer's model as it is now
+  (compiled, or made plain since with `to_uncompiled`, or compiled by the user with
+  `from_compiled`). A model passed compiled again is compiled afresh from its own steps (master
+  compiled its compiled steps over again, so `to_uncompiled` did not give the plain model back).
+- A run refused before the strategy's setup (a strategy that cannot run compiled) or that fails
+  before it (a `setup` hook that raises) leaves the model plain, and a refused model is not
+  attached to the Trainer; master compiled the steps when the model was passed in.
 - The arguments are the ones Fabric captured from `torch.compile`, which since the previous
-  patch keep the user's backend object itself: a backend that counts graphs or holds state (a
-  `CompileCounter`) sees the run's graphs, as it did on master.
+  patch (the fix of Fabric's capture, which this one needs) keep the user's backend object
+  itself: a backend that counts graphs or holds state (a `CompileCounter`) sees the run's
+  graphs, as it did on master. Without that patch the steps would be compiled with a copy of it
+  (9 of this patch's 12 CPU tests, which count graphs with such a backend, fail).
 - The strategy check of `_verify_strategy_supports_compile` is now
   `_verify_strategy_can_compile`, which the Trainer also calls when it unwraps a compiled model,
   since the unwrapped model is not compiled yet. The message and the strategies refused are

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import LearningRateFinder
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.strategies import ModelParallelStrategy
 from tests_pytorch.helpers.runif import RunIf
 
 
@@ -248,6 +249,14 @@ def test_a_model_compiled_before_lightning_was_imported_is_compiled_when_passed_
     with pytest.warns(UserWarning, match="compiled before `lightning` was imported"):
         trainer.fit(compiled)
     assert all(calls.calls["train"])
+
+
+@RunIf(dynamo=True, min_torch="2.4")
+def test_a_strategy_that_cannot_run_a_compiled_model_refuses_it_as_before(tmp_path):
+    """The model is unwrapped, so it is not compiled yet when Lightning checks the strategy: it is checked there."""
+    trainer = Trainer(default_root_dir=tmp_path, strategy=ModelParallelStrategy(), **_TRAINER_KWARGS)
+    with pytest.raises(RuntimeError, match="incompatible with the current strategy: `ModelParallelStrategy`"):
+        trainer.fit(torch.compile(BoringModel(), backend="eager"))
 
 
 @RunIf(dynamo=True)
