@@ -351,6 +351,11 @@ they are kept does not change: from torch 2.6, `OptimizedModule.__setattr__` set
 module inside, so a copy or a pickle of the compiled module finds them, and a second
 `torch.compile` of the same module replaces the first one's, as before.
 
+**Tests.** Four in `tests_fabric/test_wrappers.py`: on master, three fail (the backend object
+compiled again, a backend that cannot be copied, the values of `options` copied); the fourth
+guards the copy of the `options` dict. With this patch, `tests_fabric/test_wrappers.py` and
+`tests_fabric/test_fabric.py` pass on torch 2.1.2, 2.6.0 and 2.13 (127 passed, 57 skipped).
+
 Issue text:
 
     `Fabric.setup` compiles with a copy of my `torch.compile` backend object
@@ -473,22 +478,25 @@ optimizations from compiling the wrapped module [...] This might change in the f
 The compile docs' limitation ("does not reapply `torch.compile` over DDP/FSDP") now says what the
 Trainer compiles.
 
-**Tests.** `test_trainer_reapply_compile.py`, with no `min_torch` (run on torch 2.1.2, 2.6.0
-and 2.13). On master 4 of its tests fail (counting each parameter): `ddp_spawn` on two
-processes, whose pickling of a compiled model failed; a model passed compiled a second time,
-whose compiled steps master compiled over again (2); and the warning for a model compiled
-before `lightning` was imported. The others pass on master and guard what the re-apply
-must keep: the steps compiled inside the DDP wrapper (a forward pre-hook on it sees no compile,
-and each step ran its graph), weights equal to eager, the tuner's trials compiled (a compile
-after the `on_fit_start` hooks fails it), each stage compiling its steps once, and master's
-`ValueError` for a compiled module that is not a LightningModule. The file also fails
-on two mutants of this patch: one that keeps master's placement (the model passed in is not
-unwrapped: 4 failures) and one that compiles after the `on_fit_start` hooks (2). It is 11 tests
-on CPU (about a minute on 2 cores) and 2 on 2 GPUs. In
-Lightning's `utilities/test_compile.py`, two tests mock the Trainer's run and asserted the
-model compiled after `fit`: the compile now happens in the run, so they assert it is not
-compiled yet; `test_trainer_compiled_model_test`, which runs, asserts the model stays compiled
-after the run, and runs plain in a `trainer.test(ckpt_path=...)` with no model after `to_uncompiled`.""",
+**Tests.** `test_trainer_reapply_compile.py`, with no `min_torch` but for the
+`ModelParallelStrategy` test (2.4, which the strategy needs), run on torch 2.1.2, 2.6.0 and
+2.13. On master 4 of its tests fail (counting each parameter): `ddp_spawn` on two processes,
+whose pickling of a compiled model failed; a model passed compiled a second time, whose
+compiled steps master compiled over again (2); and the warning for a model compiled before
+`lightning` was imported. The others pass on master and guard what the re-apply must keep: the
+steps compiled inside the DDP wrapper (a forward pre-hook on it sees no compile, and each step
+ran its graph), weights equal to eager, the tuner's trials compiled (a compile after the
+`on_fit_start` hooks fails it), each stage compiling its steps once, master's `ValueError` for
+a compiled module that is not a LightningModule, and master's refusal of a strategy that cannot
+run a compiled model (`ModelParallelStrategy`, on CPU: the check moved to the unwrap). The file
+also fails on two mutants of this patch: one that keeps master's placement (the model passed in
+is not unwrapped: 4 failures) and one that compiles after the `on_fit_start` hooks (2). It is
+12 tests on CPU (about a minute on 2 cores) and 2 on 2 GPUs. In Lightning's
+`utilities/test_compile.py`, two tests mock the Trainer's run and asserted the model compiled
+after `fit`: the compile now happens in the run, so they assert it is not compiled yet;
+`test_trainer_compiled_model_test`, which runs, asserts the model stays compiled after the run,
+and runs as it is now in a `trainer.test(ckpt_path=...)` with no model: plain, after
+`to_uncompiled` (a compile of the Trainer's model in every stage would fail it).""",
     modules=("compile_connector",),
     tests=(_REAPPLY_TESTS,),
     edits=(
