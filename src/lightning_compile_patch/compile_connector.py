@@ -35,7 +35,6 @@ import lightning.pytorch as pl
 import lightning_compile_patch.compile_features as compile_features  # [ladder features]
 from lightning_compile_patch.compile_features import _torch_surface as surface  # [ladder features]
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6  # [ladder use_compile]
-from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.strategies import ModelParallelStrategy  # [ladder features]
 from lightning.pytorch.strategies.strategy import _ForwardRedirection  # [ladder features]
 from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
@@ -240,16 +239,18 @@ class _CompileConnector:
             return model._orig_mod
         # [/ladder]
         _verify_strategy_can_compile(self.trainer.strategy)  # where Lightning checks a compiled model
-        if getattr(model, "_compile_kwargs", None) is None:
+        # this compile's own arguments (Fabric's capture): the module inside has those of its latest compile
+        compile_kwargs = vars(model).get("_compile_kwargs")
+        if compile_kwargs is None:
             rank_zero_warn(
-                "The model's `torch.compile` arguments are unknown (it was compiled before `lightning` was imported, or"
-                " not by `torch.compile`), so its steps are compiled when it is passed in, before the strategy's setup,"
-                " and `strategy='ddp_spawn'` cannot pickle it. Import `lightning` before calling `torch.compile`."
+                "The model's `torch.compile` arguments are unknown (it was compiled before `lightning` was imported,"
+                " copied, or not compiled by `torch.compile`), so its steps are compiled when it is passed in, before"
+                " the strategy's setup, and `strategy='ddp_spawn'` cannot pickle it. Import `lightning` before calling"
+                " `torch.compile`."
             )
             return model
-        module, compile_kwargs = _unwrap_compiled(model)
-        self._input_kwargs = dict(compile_kwargs or {})
-        return module
+        self._input_kwargs = dict(compile_kwargs)
+        return model._orig_mod
 
     # [ladder features]
     def on_run_start(self, model: "pl.LightningModule") -> None:

@@ -155,7 +155,11 @@ def _capture_compile_kwargs(compile_fn: Callable) -> Callable:
         compiled_model = compile_fn(model, **kwargs)
         # as passed, not deep copies: a backend object (one that counts graphs or holds state) compiles again, and
         # one that cannot be copied compiles at all; the caller's `options` dict is copied, its values are not
-        compiled_model._compile_kwargs = {k: dict(v) if k == "options" and v else v for k, v in kwargs.items()}
+        compile_kwargs = {k: dict(v) if k == "options" and v else v for k, v in kwargs.items()}
+        # from torch 2.6 this sets them on the module inside, which every compile of it shares, and which a copy or a
+        # pickle of the compiled module keeps; the compiled module's own copy is what this compile was given
+        compiled_model._compile_kwargs = compile_kwargs
+        compiled_model.__dict__["_compile_kwargs"] = compile_kwargs
         return compiled_model
 
     return _capture

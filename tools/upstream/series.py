@@ -346,14 +346,20 @@ that records graphs for a profiler) saw none of them. And since the capture repl
 backend that cannot be copied (one that holds a lock) failed, Fabric or not. A backend given as a
 name or a plain function was never affected: `deepcopy` returns a function itself. The capture
 now keeps every argument as it was passed, but for a shallow copy of the `options` dict, which
-the caller may change later (its values, which inductor lets be objects, are not copied). Where
-they are kept does not change: from torch 2.6, `OptimizedModule.__setattr__` sets them on the
-module inside, so a copy or a pickle of the compiled module finds them, and a second
-`torch.compile` of the same module replaces the first one's, as before.
+the caller may change later (its values, which inductor lets be objects, are not copied). It
+also keeps them on the compiled module itself: `OptimizedModule.__setattr__` sets an attribute on
+the module inside (torch 2.6 and later), so a second `torch.compile` of the same module replaced
+the first one's arguments, and `Fabric.setup` compiled the first with the second's. The copy on
+the module inside stays, as before: a copy or a pickle of the compiled module (Fabric's
+`ddp_spawn` launcher) rebuilds it from the module inside, and finds them there. So
+`compiled._compile_kwargs = None`, which sets the module inside's, no longer hides the compiled
+module's own: `test_unwrap_compiled` used it to stand for a module compiled before `lightning`
+was imported, and now compiles one without the capture (`torch.compile.__wrapped__`) instead.
 
-**Tests.** Four in `tests_fabric/test_wrappers.py`: on master, three fail (the backend object
-compiled again, a backend that cannot be copied, the values of `options` copied); the fourth
-guards the copy of the `options` dict. With this patch, `tests_fabric/test_wrappers.py` and
+**Tests.** Six in `tests_fabric/test_wrappers.py`: on master, four fail (the backend object
+compiled again, a backend that cannot be copied, the values of `options` copied, two compiles of
+one module); two guard what must stay (the copy of the `options` dict, and the arguments of a
+deep copy of a compiled module). With this patch, `tests_fabric/test_wrappers.py` and
 `tests_fabric/test_fabric.py` pass on torch 2.1.2, 2.6.0 and 2.13 (127 passed, 57 skipped).
 
 Issue text:
@@ -370,6 +376,17 @@ Issue text:
             FABRIC_WRAPPERS,
             "from collections.abc import Generator, Iterator, Mapping\nfrom copy import deepcopy\n",
             "from collections.abc import Generator, Iterator, Mapping\n",
+        ),
+        Replace(
+            FABRIC_WRAPPER_TESTS,
+            "    compiled._compile_kwargs = None\n",
+            "    # compiled without the capture, as before `lightning` is imported (setting\n"
+            "    # `compiled._compile_kwargs` sets the module inside's, and leaves the compiled module's own)\n",
+        ),
+        Replace(
+            FABRIC_WRAPPER_TESTS,
+            "        _unwrap_compiled(compiled)\n",
+            "        _unwrap_compiled(torch.compile.__wrapped__(torch.nn.Linear(1, 1)))\n",
         ),
         AddTests(FABRIC_WRAPPER_TESTS, "tests_fabric/test_wrappers_compile_capture.py", after="test_unwrap_compiled"),
         InsertAfter(FABRIC_CHANGELOG, "### Fixed", f"\n{_FIXED_FABRIC_CAPTURE}\n", bases=("2.6.6",)),
@@ -391,7 +408,9 @@ _REAPPLIED = (
     "- A `torch.compile`-d model passed to the Trainer now has its steps compiled, with the same arguments, after the"
     " strategy has set it up and before any hook runs a step, rather than when it is passed to"
     " `fit`/`validate`/`test`/`predict`: the `setup` and `configure_model` hooks run before its steps are compiled,"
-    ' and under `strategy="ddp_spawn"` the model of the main process stays plain'
+    ' and under `strategy="ddp_spawn"`, `"ddp_fork"` or `"ddp_notebook"` the model of the main process stays plain'
+    " (`to_uncompiled(model)` after `fit` raises there, and a later stage with no model is compiled again in each"
+    " process)"
     " ([#20269](https://github.com/Lightning-AI/pytorch-lightning/pull/20269))\n"
 )
 #: The fork undoes what a run compiled, a compiled model passed in included.
@@ -433,13 +452,16 @@ for Fabric's helpers. This patch keeps the re-apply without a flag and Fabric's
   them (`from_compiled`). The strategy runs them directly, or inside its wrapper (DDP, FSDP),
   which keeps its type and state-dict keys. Each step keeps its signature.
 - `strategy="ddp_spawn"` with a compiled model works: the plain model is pickled, and each
-  process compiles its steps (the main process's model stays plain). A model passed as
-  `from_compiled(torch.compile(model))` is compiled when passed in, as before, and still cannot
-  be pickled.
+  process compiles its steps. The main process's model stays plain, under `ddp_fork` and
+  `ddp_notebook` too (master compiled it before the fork): `to_uncompiled(model)` after `fit`
+  raises there, and a later stage with no model is compiled again in each process. A model
+  passed as `from_compiled(torch.compile(model))` is compiled when passed in, as before, and
+  still cannot be pickled.
 - A compiled module that is not a LightningModule is refused as before (the same `ValueError`).
-  A model whose arguments were not captured (compiled before `lightning` was imported, or not by
-  `torch.compile`) is compiled when passed in, as before, with a warning that says why and that
-  `ddp_spawn` cannot pickle it.
+  A model whose arguments were not captured (compiled before `lightning` was imported, copied,
+  or not compiled by `torch.compile`) is compiled when passed in, as before, with a warning that
+  says why and that `ddp_spawn` cannot pickle it. The arguments are those of the compile passed
+  in, not of a later compile of the same module, which from torch 2.6 the module inside keeps.
 - As on master, the model's steps stay compiled after the run, so `trainer.test(model)` runs
   compiled after `fit`, and a stage run with no model runs the Trainer's model as it is now
   (compiled, or made plain since with `to_uncompiled`, or compiled by the user with
@@ -487,11 +509,13 @@ compiled steps master compiled over again (2); and the warning for a model compi
 steps compiled inside the DDP wrapper (a forward pre-hook on it sees no compile, and each step
 ran its graph), weights equal to eager, the tuner's trials compiled (a compile after the
 `on_fit_start` hooks fails it), each stage compiling its steps once, master's `ValueError` for
-a compiled module that is not a LightningModule, and master's refusal of a strategy that cannot
+a compiled module that is not a LightningModule, a plain model passed after a compiled one
+running plain, a module compiled twice running the compile passed in (from torch 2.6 the module
+inside keeps the latest compile's arguments), and master's refusal of a strategy that cannot
 run a compiled model (`ModelParallelStrategy`, on CPU: the check moved to the unwrap). The file
 also fails on two mutants of this patch: one that keeps master's placement (the model passed in
 is not unwrapped: 4 failures) and one that compiles after the `on_fit_start` hooks (2). It is
-12 tests on CPU (about a minute on 2 cores) and 2 on 2 GPUs. In Lightning's
+14 tests on CPU (about a minute on 2 cores) and 2 on 2 GPUs. In Lightning's
 `utilities/test_compile.py`, two tests mock the Trainer's run and asserted the model compiled
 after `fit`: the compile now happens in the run, so they assert it is not compiled yet;
 `test_trainer_compiled_model_test`, which runs, asserts the model stays compiled after the run,

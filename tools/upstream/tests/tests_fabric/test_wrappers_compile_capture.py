@@ -59,3 +59,20 @@ def test_the_options_dict_is_copied_but_not_its_values():
     compiled = torch.compile(torch.nn.Linear(2, 2), backend=CountingBackend(), options=options)
     assert compiled._compile_kwargs["options"] is not options
     assert compiled._compile_kwargs["options"]["custom_pass"] is custom_pass
+
+
+@RunIf(dynamo=True)
+def test_each_compile_of_one_module_keeps_its_own_arguments():
+    module = torch.nn.Linear(2, 2)
+    first = torch.compile(module, backend="eager")
+    second = torch.compile(module, backend="aot_eager")
+    assert first._compile_kwargs == {"backend": "eager"}
+    assert second._compile_kwargs == {"backend": "aot_eager"}
+
+
+@RunIf(dynamo=True)
+def test_a_copy_of_the_compiled_module_keeps_its_arguments():
+    from copy import deepcopy
+
+    compiled = torch.compile(torch.nn.Linear(2, 2), backend="eager")
+    assert deepcopy(compiled)._compile_kwargs == {"backend": "eager"}  # rebuilt from the module inside

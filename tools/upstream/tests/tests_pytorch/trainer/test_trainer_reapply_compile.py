@@ -239,6 +239,26 @@ def test_a_model_passed_compiled_again_is_compiled_from_its_own_steps(tmp_path, 
 
 
 @RunIf(dynamo=True)
+def test_a_module_compiled_twice_runs_the_compile_passed_in(tmp_path):
+    """From torch 2.6 the module inside keeps the arguments of its latest compile: they are not the ones used."""
+    model, first, second = BoringModel(), CountingBackend(), CountingBackend()
+    compiled = torch.compile(model, backend=first)
+    torch.compile(model, backend=second)
+    Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS).fit(compiled)
+    assert (first.graphs, second.graphs) == (2, 0)
+
+
+@RunIf(dynamo=True)
+def test_a_plain_model_passed_after_a_compiled_one_runs_plain(tmp_path):
+    backend = CountingBackend()
+    calls = GraphCallsPerStep(backend)
+    trainer = Trainer(default_root_dir=tmp_path, callbacks=[calls], **_TRAINER_KWARGS)
+    trainer.fit(torch.compile(BoringModel(), backend=backend))
+    trainer.validate(BoringModel())
+    assert calls.calls["validate"] == [1, 1, 0, 0]  # fit's validation, then the plain model's
+
+
+@RunIf(dynamo=True)
 def test_a_model_compiled_before_lightning_was_imported_is_compiled_when_passed_in_with_a_warning(tmp_path):
     """Its arguments are unknown, so it cannot be compiled again: its steps are compiled when it is passed in, as on
     master."""
