@@ -98,6 +98,27 @@ def test_false_and_plain_model_compiles_nothing(strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("off", ["disable", "TORCHDYNAMO_DISABLE"])
+def test_compiling_turned_off_as_torch_turns_it_off_trains_uncompiled_and_says_so(strategy, off, monkeypatch, caplog):
+    # bug: `torch.compile` returns the module itself with `disable=True` and under `TORCHDYNAMO_DISABLE=1`, and the run
+    # crashed after the strategy's setup: "`model` is required to be a `OptimizedModule`"
+    backend = CountingBackend("off")
+    use_compile = {"backend": backend, "disable": True} if off == "disable" else {"backend": backend}
+    if off == "TORCHDYNAMO_DISABLE":
+        monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    model = LoggingModel()
+    with caplog.at_level("INFO"):
+        trainer, seen, _ = fit(model, strategy, use_compile)
+    assert trainer.global_step == 3
+    assert not seen["train"]["wrapper_compiled"]
+    assert seen["train"]["compiled_steps"] == []
+    assert (backend.graphs, backend.calls) == (0, 0)
+    why = "`use_compile={'disable': True}`" if off == "disable" else "`TORCHDYNAMO_DISABLE=1`"
+    assert f"compiling is off ({why}), so this run trains uncompiled" in caplog.text
+    assert leftovers(model) == []
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_dict_compiles_a_plain_model_after_the_wrap_with_its_kwargs(strategy):
     backend = CountingBackend("dict")
     model = LoggingModel()

@@ -17,7 +17,7 @@ import difflib  # [ladder use_compile]
 import functools  # [ladder features]
 import importlib  # [ladder features]
 import inspect  # [ladder use_compile]
-import os  # [ladder features]
+import os  # [ladder use_compile]
 import pkgutil  # [ladder features]
 import re  # [ladder features]
 import types  # [ladder features]
@@ -40,7 +40,7 @@ from lightning.pytorch.strategies.strategy import _ForwardRedirection  # [ladder
 from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
 from lightning.pytorch.utilities.compile import _verify_strategy_can_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info  # [ladder features]
+from lightning.pytorch.utilities.rank_zero import rank_zero_info  # [ladder use_compile]
 
 _USE_COMPILE = Optional[Union[bool, dict[str, Any]]]  # [ladder use_compile]
 _Scope = Literal["compile", "run"]  # [ladder features]
@@ -256,7 +256,7 @@ class _CompileConnector:
     def on_run_start(self, model: "pl.LightningModule") -> None:
         """Decides what this run compiles, before the strategy sets the model up."""
         given = self.options.torch_kwargs if self.enabled else self._input_kwargs
-        if given is None:
+        if given is None or (self.enabled and _compiles_nothing(given)):
             return
         if not self.enabled and self.input_defaults and not self.features:
             keys = _Frozen(dict(self.input_defaults))
@@ -280,7 +280,8 @@ class _CompileConnector:
         """Compiles, in place, what the strategy runs in this stage, now that the strategy has set the model up."""
         # [ladder !use_compile] kwargs = self._input_kwargs
         # [ladder !features use_compile] kwargs = self.compile_kwargs if self.enabled else self._input_kwargs
-        # [ladder !features] if kwargs is None:
+        # [ladder !use_compile] if kwargs is None:
+        # [ladder use_compile !features] if kwargs is None or (self.enabled and _compiles_nothing(kwargs)):
         # [ladder !features]     return
         # [ladder features]
         if self.run_kwargs is None:
@@ -547,6 +548,21 @@ def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any])
         f"The model passed in was compiled {how} and `Trainer(use_compile={use_compile!r})` asks for {asks}. Pass"
         f" the uncompiled model ({plain}), or remove `use_compile`."
     )
+
+
+def _compiles_nothing(kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``torch.compile`` with ``kwargs`` returns the module itself, uncompiled, as it does with ``disable=True``
+    and under ``TORCHDYNAMO_DISABLE=1``; if so, says that the run trains uncompiled, and why."""
+    if torch.compile(_never_run, **kwargs) is not _never_run:
+        return False
+    if kwargs.get("disable"):
+        why = "`use_compile={'disable': True}`"
+    elif os.environ.get("TORCHDYNAMO_DISABLE") == "1":
+        why = "`TORCHDYNAMO_DISABLE=1`"
+    else:
+        why = "`torch.compile` returns the model unchanged"
+    rank_zero_info(f"`Trainer(use_compile=...)`: compiling is off ({why}), so this run trains uncompiled.")
+    return True
 
 
 def _explicit(kwargs: Mapping[str, Any]) -> dict[str, Any]:

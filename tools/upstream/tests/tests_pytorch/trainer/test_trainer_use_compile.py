@@ -13,6 +13,7 @@
 # limitations under the License.
 import inspect
 import json
+import logging
 import pickle
 
 import pytest
@@ -299,6 +300,24 @@ def test_use_compile_false_compiles_nothing(tmp_path):
     trainer = Trainer(default_root_dir=tmp_path, use_compile=False, **_TRAINER_KWARGS)
     trainer.fit(model)
     assert model.compiling == [False, False]  # each training step ran uncompiled
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+@pytest.mark.parametrize("off", ["disable", "TORCHDYNAMO_DISABLE"])
+def test_use_compile_trains_uncompiled_where_torch_compiles_nothing(tmp_path, off, monkeypatch, caplog):
+    """``torch.compile`` returns the module itself with ``disable=True`` and under ``TORCHDYNAMO_DISABLE=1``."""
+    backend = CountingBackend()
+    use_compile = {"backend": backend, "disable": True} if off == "disable" else {"backend": backend}
+    if off == "TORCHDYNAMO_DISABLE":
+        monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    model = RecordsCompiling()
+    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **_TRAINER_KWARGS)
+    with caplog.at_level(logging.INFO):
+        trainer.fit(model)
+    assert model.compiling == [False, False]  # each training step ran uncompiled
+    assert backend.graphs == 0
+    assert model._compiler_ctx is None
+    assert "compiling is off" in caplog.text
 
 
 @RunIf(min_torch="2.6", dynamo=True)
