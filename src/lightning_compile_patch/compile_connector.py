@@ -551,8 +551,11 @@ def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any])
 
 
 def _compiles_nothing(kwargs: Mapping[str, Any]) -> bool:
-    """Whether ``torch.compile`` with ``kwargs`` returns the module itself, uncompiled, as it does with ``disable=True``
-    and under ``TORCHDYNAMO_DISABLE=1``; if so, says that the run trains uncompiled, and why."""
+    """Whether ``torch.compile`` with ``kwargs`` returns the module itself: ``disable=True``, ``TORCHDYNAMO_DISABLE=1``.
+
+    If so, says that the run trains uncompiled, and why.
+
+    """
     if torch.compile(_never_run, **kwargs) is not _never_run:
         return False
     if kwargs.get("disable"):
