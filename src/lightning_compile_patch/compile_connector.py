@@ -133,6 +133,33 @@ class _CompileFeature:
         """Ends what the feature tracks of the run; what it changed through the connector is undone by it."""
 
 
+_STEPS = ("training_step", "validation_step", "test_step", "predict_step")
+_ABSENT = object()
+
+
+class _PlainState:
+    """An object's ``__getstate__`` during a run: its state with the attributes the run changed as they were before.
+
+    An attribute the object's own ``__getstate__`` leaves out (torchmetrics' wrapped ``update``) stays out.
+
+    """
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self.before: dict[str, Any] = {}
+
+    def __call__(self) -> dict[str, Any]:
+        getstate = getattr(type(self.target), "__getstate__", None)  # `object` has one from Python 3.11
+        state = dict(getstate(self.target) if getstate is not None else vars(self.target))
+        state.pop("__getstate__", None)
+        for name, value in self.before.items():
+            if name in state and value is _ABSENT:
+                del state[name]
+            elif name in state:
+                state[name] = value
+        return state
+
+
 def _flag(options: _CompileOptions, key: str) -> bool:
     """The value of a feature's key that turns it on or off; raises if it is not a bool."""
     value = options.keys.get(key, False)
@@ -304,6 +331,7 @@ class _CompileConnector:
         # [ladder !features]     return
         if module._compiler_ctx is not None:  # left compiled by an earlier run: compiled afresh, not twice over
             to_uncompiled(module)
+        self.keep_copies_plain(module, ("_compiler_ctx", "forward", *_STEPS))  # [ladder features]
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
         # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
         # [ladder use_compile]
@@ -316,7 +344,7 @@ class _CompileConnector:
         self.defer(to_uncompiled, module)  # [ladder features]
         # [ladder features]
         assert module._compiler_ctx is not None
-        for name in ("training_step", "validation_step", "test_step", "predict_step"):
+        for name in _STEPS:
             original = module._compiler_ctx[f"original_{name}"]
             if callable(original):  # `validation_step = None` turns the loop off
                 setattr(module, name, self._wrap(getattr(module, name), original, module_call=False))
@@ -370,12 +398,31 @@ class _CompileConnector:
         """
         found = next((vars(cls)[name] for cls in type(target).__mro__ if name in vars(cls)), None)
         own = name in getattr(target, "__dict__", {}) or isinstance(target, types.ModuleType)
+        if not isinstance(target, (type, types.ModuleType)) and name != "__class__":
+            self.keep_copies_plain(target, (name,), scope=scope)
         if own or hasattr(type(found), "__set__"):
             before = getattr(target, name)
             self.defer(lambda: setattr(target, name, before), scope=scope)
         else:
             self.defer(_delete, target, name, scope=scope)
         setattr(target, name, value)
+
+    def keep_copies_plain(self, target: Any, names: tuple[str, ...], scope: _Scope = "compile") -> None:
+        """Until the end of ``scope``, a pickle or deep copy of ``target`` holds ``names`` as they are now, or not.
+
+        Call it before changing them: a checkpoint pickles the model's hyperparameters (a metric among them), and an EMA
+        or SWA callback deep-copies the model during the run; the copy is the object as it was before the run, with
+        nothing of the run's (a compiled step, a wrapper) that cannot be pickled, or that would act on the original.
+
+        """
+        own = vars(target)
+        plain = own.get("__getstate__")
+        if not isinstance(plain, _PlainState):
+            plain = _PlainState(target)
+            own["__getstate__"] = plain  # pickle and `copy` look it up on the instance first
+            self.defer(_delete, target, "__getstate__", scope=scope)
+        for name in names:
+            plain.before.setdefault(name, own.get(name, _ABSENT))
 
     def setenv(self, name: str, value: str, scope: _Scope = "run") -> None:
         """Sets the environment variable ``name`` until the end of ``scope``, then puts back what was there."""

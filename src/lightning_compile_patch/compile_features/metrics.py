@@ -3,8 +3,9 @@
 A ``torchmetrics.Metric`` is bookkeeping, like ``self.log``: each call counts itself in a Python int
 (``_update_count``), caches its result and may sync across processes. Dynamo guards on that int, so a step that calls
 a metric recompiles at every step until it reaches the recompile limit, and runs eager from then on. For the run, the
-``forward``, ``update`` and ``compute`` of each metric in the model are compiler-disabled: the step's graph breaks
-around each metric call and is compiled once.
+``forward`` of each metric class in the model and the ``update`` and ``compute`` of each metric are compiler-disabled:
+the step's graph breaks around each metric call and is compiled once. A metric pickled or copied during the run
+(a checkpoint's hyperparameters, an EMA copy of the model) carries none of them.
 
 """
 
@@ -15,9 +16,6 @@ from typing import Any
 import torch
 
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
-
-_METHODS = ("forward", "update", "compute")
-
 
 class _Metrics(_CompileFeature):
     """Keeps the metrics of the model out of the compiled graphs for the run."""
@@ -32,10 +30,14 @@ class _Metrics(_CompileFeature):
             return {}
         from torchmetrics import Metric
 
-        for metric in connector.trainer.lightning_module.modules():
-            if isinstance(metric, Metric):
-                for name in _METHODS:
-                    connector.replace(metric, name, torch.compiler.disable(getattr(metric, name)))
+        metrics = [m for m in connector.trainer.lightning_module.modules() if isinstance(m, Metric)]
+        for cls in dict.fromkeys(type(metric) for metric in metrics):
+            # on the class: a `forward` of the instance would be pickled with it, and copied to a deep copy, bound to
+            # the original (torchmetrics drops its instance's `update` and `compute` from what it pickles, not this)
+            connector.replace(cls, "forward", torch.compiler.disable(cls.forward))
+        for metric in metrics:
+            for name in ("update", "compute"):  # torchmetrics wraps these on each instance, so they are replaced there
+                connector.replace(metric, name, torch.compiler.disable(getattr(metric, name)))
         return {}
 
 

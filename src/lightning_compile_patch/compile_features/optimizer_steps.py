@@ -39,10 +39,22 @@ def _eager(cls: type, name: str) -> Callable[..., Any]:
     return torch.compiler.disable(method)
 
 
+def _new(cls: type) -> Any:
+    """An instance of ``cls`` whose state pickle or ``copy`` then sets."""
+    return cls.__new__(cls)
+
+
 def _with_eager_step(cls: type) -> type:
     """A subclass of ``cls``, of the same name, whose ``step`` runs outside the graph."""
     subclass = type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
     subclass.step = _eager(subclass, "step")
+
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        # pickled and copied as an instance of ``cls``: no module holds the run's subclass, and a copy is plain
+        _, _, *state = super(subclass, self).__reduce_ex__(protocol)
+        return (_new, (cls,), *state)
+
+    subclass.__reduce_ex__ = __reduce_ex__  # type: ignore[method-assign]
     return subclass
 
 

@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+import copy
 import os
 import pickle
 import types
@@ -131,6 +132,29 @@ def test_replace_puts_back_an_instances_class_and_deletes_what_it_added_to_a_cla
     assert (obj.step(), type(obj)) == ("base", Own)
     assert "step" not in vars(Own)
     assert not hasattr(obj, "extra")
+
+
+def test_a_model_pickled_or_copied_during_the_run_is_the_model_as_it_was_before(tmp_path):
+    # a checkpoint callback or an EMA callback copies the model mid-run: the compiled steps, and what a feature replaced
+    # on it, can neither be pickled nor act on the copy
+    copies = []
+
+    class CopyTheModel(Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            connector = trainer._compile_connector
+            connector.replace(pl_module, "feature_attribute", lambda: None)
+            copies.extend([pickle.loads(pickle.dumps(pl_module)), copy.deepcopy(pl_module)])
+
+    model = BoringModel()
+    trainer = Trainer(
+        default_root_dir=tmp_path, use_compile={"backend": "eager"}, callbacks=[CopyTheModel()], **_TRAINER_KWARGS
+    )
+    trainer.fit(model)
+    assert len(copies) == 2
+    for copied in copies:
+        assert copied._compiler_ctx is None
+        assert not {"training_step", "forward", "feature_attribute", "__getstate__"} & set(vars(copied))
+    assert "__getstate__" not in vars(model)
 
 
 def test_a_feature_derives_the_run_arguments_as_a_new_value(probe, tmp_path):

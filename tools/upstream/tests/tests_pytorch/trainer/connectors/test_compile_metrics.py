@@ -11,10 +11,13 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+import copy
+import pickle
+
 import pytest
 import torch
 
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tests_pytorch.helpers.runif import RunIf
 
@@ -88,3 +91,36 @@ def test_metrics_run_outside_the_graph_and_the_step_compiles_once(tmp_path):
     assert many.calls >= 24  # every training and validation step ran compiled code
     assert trainer.callback_metrics["val_mean"] > 0
     assert "forward" not in model.train_mean.__dict__  # the metric is plain again after the run
+
+
+@RunIf(min_torch="2.6", dynamo=True)
+def test_a_metric_pickled_or_copied_during_the_run_is_a_plain_metric_of_its_own(tmp_path):
+    # a checkpoint pickles the hyperparameters (a metric among them), an EMA callback deep-copies the model
+    copies = []
+
+    class CopyTheMetric(Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            copies.append(pickle.loads(pickle.dumps(pl_module.train_mean)))
+            copies.append(copy.deepcopy(pl_module.train_mean))
+
+    model = MetricModel()
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        use_compile={"backend": "eager", "eager_metrics": True},
+        max_steps=2,
+        limit_val_batches=0,
+        callbacks=[CopyTheMetric()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(model)
+    assert len(copies) == 4
+    for copied in copies:
+        assert "forward" not in copied.__dict__
+        copied.reset()
+        copied(torch.tensor(2.0))  # updates the copy, not the model's metric
+        assert copied.compute() == 2.0

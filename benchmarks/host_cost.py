@@ -1,0 +1,201 @@
+"""The table of docs/benchmarks/host_cost.md: the host's time per training step, where a step is almost all host time.
+
+    python benchmarks/host_cost.py                 # every path and every default key, 3 rounds
+    python benchmarks/host_cost.py --rounds 1 --steps 60 --out /tmp/x   # quick
+
+A tiny MLP (width 64, batch 8, one torch thread), so that a step's kernels take microseconds and what is measured is
+Python: the training loop, Lightning's hooks, the compiled code's guards and the package's wrappers. Each path runs in
+a fresh process (its own compile, nothing shared), and the paths take turns round by round, so that a change of the
+machine's load hits every path alike; a path's figure is the median over rounds of its p10 step time (the fastest
+tenth of its steps: the host's own cost, with little of other processes' in it). The ratios come from this one run.
+
+Per key: ``use_compile`` with every one of the package's own keys off but that one, against all of them off.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from harness import RESULTS_DIR, fmt, markdown_table, new_report, ratio, report_header, write_report
+
+WIDTH, BATCH = 64, 8
+
+
+def _keys_off() -> dict[str, Any]:
+    from lightning_compile_patch._monkeypatch.feature_defaults import FEATURE_DEFAULTS
+
+    return {key: False for key in FEATURE_DEFAULTS}
+
+
+def paths() -> dict[str, Optional[dict[str, Any]]]:
+    """Each path's name and its ``use_compile`` (``None``: not through ``use_compile``)."""
+    off = _keys_off()
+    found: dict[str, Optional[dict[str, Any]]] = {
+        "plain loop, eager": None,
+        "plain loop, `torch.compile`": None,
+        "Lightning, eager": None,
+        "Lightning, `fit(torch.compile(m))`": None,
+        "`use_compile=True`": {},
+        "`use_compile`, every own key off": off,
+    }
+    for key in off:
+        found[f"`use_compile`, only `{key}` on"] = {**off, key: True if key != "optimize_ddp" else "auto"}
+    return found
+
+
+def _model() -> Any:
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1))
+
+
+def _plain_loop(compiled: bool, steps: int) -> list[float]:
+    import torch
+
+    model = _model()
+    step_model = torch.compile(model) if compiled else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = [torch.randn(BATCH, WIDTH) for _ in range(16)]
+    times = []
+    for i in range(steps):
+        start = time.perf_counter()
+        opt.zero_grad()
+        loss = step_model(data[i % 16]).pow(2).mean()
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int) -> list[float]:
+    import torch
+
+    import lightning_compile_patch  # noqa: F401
+    from lightning.pytorch import Callback, LightningModule, Trainer
+
+    class Tiny(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _model()
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.net(batch).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(torch.randn(16 * BATCH, WIDTH), batch_size=BATCH)
+
+    class Starts(Callback):  # a step's time: from one batch's start to the next's, the whole loop included
+        def __init__(self) -> None:
+            self.at: list[float] = []
+
+        def on_train_batch_start(self, *args: Any) -> None:
+            self.at.append(time.perf_counter())
+
+    starts = Starts()
+    model = Tiny()
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps + 1,
+        use_compile=None if use_compile is None else (use_compile or True),
+        callbacks=[starts],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(torch.compile(model) if "torch.compile(m)" in name else model)
+    return [b - a for a, b in zip(starts.at, starts.at[1:])]
+
+
+def run_one(name: str, steps: int) -> dict[str, Any]:
+    """In this process: ``steps`` steps of the path; the p10 and median of those after the first 5, in µs."""
+    import torch
+
+    torch.set_num_threads(1)
+    use_compile = paths()[name]
+    if name.startswith("plain loop"):
+        times = _plain_loop("compile" in name, steps)
+    else:
+        times = _lightning(name, use_compile, steps)
+    steady = sorted(times[5:])
+    return {"p10_us": 1e6 * steady[len(steady) // 10], "median_us": 1e6 * statistics.median(steady)}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    medians = data["p10_us"]
+    stock, plain = medians["Lightning, eager"], medians["plain loop, `torch.compile`"]
+    stock_compiled, ours = medians["Lightning, `fit(torch.compile(m))`"], medians["`use_compile=True`"]
+    off = medians["`use_compile`, every own key off"]
+    rows = []
+    for name, value in medians.items():
+        if name.startswith("`use_compile`, only"):
+            continue
+        rows.append([name, fmt(value, ".0f"), fmt(ratio(value, stock), ".2f", "x")])
+    keys = [[name.split("`")[3], fmt(value - off, "+.0f")] for name, value in medians.items() if "only" in name]
+    own = ours - off
+    return "\n\n".join(
+        [
+            report_header("Host cost per training step: a tiny MLP, where a step is almost all host time", data),
+            f"An MLP of width {WIDTH}, batch {BATCH}, SGD, one torch thread, CPU, inductor. Each path in a fresh"
+            f" process, {data['rounds']} rounds taking turns; each figure is the median over rounds of the path's p10"
+            f" step time over {data['steps']} steps (the first 5 left out). A Lightning step is timed from one"
+            " batch's start to the next: the whole loop.",
+            markdown_table(("path", "µs per step (p10)", "vs Lightning eager"), rows),
+            f"`use_compile=True` against Lightning's own compiled path: {fmt(ratio(ours, stock_compiled), '.2f', 'x')};"
+            f" against the plain compiled loop: {fmt(ours - plain, '+.0f')} µs. The package's own keys together:"
+            f" {fmt(own, '+.0f')} µs per step, {fmt(100 * own / (stock - medians['plain loop, eager']), '.1f')}% of"
+            " what Lightning's loop adds to the plain eager loop.",
+            "What each default key costs on its own (only that key on, against every key off; within the noise, which"
+            " the spread of the rounds in the JSON shows):",
+            markdown_table(("key", "µs per step"), keys),
+        ]
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=225)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.run:
+        args.result.write_text(json.dumps(run_one(args.run, args.steps)))
+        return 0
+    data = new_report("host_cost", argv, rounds=args.rounds, steps=args.steps, threads=1)
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in paths()}
+    with tempfile.TemporaryDirectory() as workdir:
+        for round_ in range(args.rounds):
+            for name in samples:
+                result = Path(workdir) / "result.json"
+                env_dir = Path(workdir) / f"inductor-{round_}"  # one cache a round: the same kernels, compiled once
+                command = [sys.executable, __file__, "--run", name, "--steps", str(args.steps), "--result", str(result)]
+                subprocess.run(command, check=True, env={**_env(), "TORCHINDUCTOR_CACHE_DIR": str(env_dir)})
+                samples[name].append(json.loads(result.read_text()))
+                print(f"round {round_ + 1}: {name}: {samples[name][-1]['p10_us']:.0f} µs", flush=True)
+    data.update(samples=samples, p10_us={name: statistics.median(s["p10_us"] for s in v) for name, v in samples.items()})
+    write_report(args.out, data, markdown(data))
+    print(markdown(data))
+    return 0
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
