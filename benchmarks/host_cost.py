@@ -115,7 +115,7 @@ def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int) -> 
         enable_model_summary=False,
     )
     trainer.fit(torch.compile(model) if "torch.compile(m)" in name else model)
-    return [b - a for a, b in zip(starts.at, starts.at[1:])]
+    return [b - a for a, b in zip(starts.at, starts.at[1:], strict=False)]
 
 
 def run_one(name: str, steps: int) -> dict[str, Any]:
@@ -185,7 +185,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 subprocess.run(command, check=True, env={**_env(), "TORCHINDUCTOR_CACHE_DIR": str(env_dir)})
                 samples[name].append(json.loads(result.read_text()))
                 print(f"round {round_ + 1}: {name}: {samples[name][-1]['p10_us']:.0f} µs", flush=True)
-    data.update(samples=samples, p10_us={name: statistics.median(s["p10_us"] for s in v) for name, v in samples.items()})
+    p10 = {name: statistics.median(s["p10_us"] for s in values) for name, values in samples.items()}
+    data.update(samples=samples, p10_us=p10)
     write_report(args.out, data, markdown(data))
     print(markdown(data))
     return 0

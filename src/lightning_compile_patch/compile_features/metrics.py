@@ -17,6 +17,7 @@ import torch
 
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
+
 class _Metrics(_CompileFeature):
     """Keeps the metrics of the model out of the compiled graphs for the run."""
 

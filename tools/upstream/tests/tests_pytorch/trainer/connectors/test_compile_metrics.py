@@ -103,7 +103,13 @@ def test_a_metric_pickled_or_copied_during_the_run_is_a_plain_metric_of_its_own(
             copies.append(pickle.loads(pickle.dumps(pl_module.train_mean)))
             copies.append(copy.deepcopy(pl_module.train_mean))
 
-    model = MetricModel()
+    class DetachedMetricModel(MetricModel):
+        def training_step(self, batch, batch_idx):
+            loss = self.step(batch)
+            self.train_mean(loss.detach())  # a tensor that needs grad cannot be deep-copied, compiled or not
+            return loss
+
+    model = DetachedMetricModel()
     trainer = Trainer(
         default_root_dir=tmp_path,
         use_compile={"backend": "eager", "eager_metrics": True},
