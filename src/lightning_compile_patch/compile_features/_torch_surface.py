@@ -6,7 +6,7 @@ else, behind a function or constant named for what the features do with it, so t
 breaks one line, and a test per CI torch (``tests/test_torch_surface.py``) calls every entry as the features do.
 
 The range after each entry is the torch versions it is read on (where it is looked up with ``getattr``, the versions
-that have it); CI calls each on torch 2.6, 2.13 and 2.14, and Lightning's own CI imports it on 2.1 and 2.9. DDP's
+that have it); CI calls each on torch 2.6, 2.13 and 2.15 (2.14 with its nox session), and Lightning's own CI imports it on 2.1 and 2.9. DDP's
 private attributes, which compiled autograd needs under the python reducer, are here too.
 
 """
@@ -26,40 +26,40 @@ from torch.nn.parallel import DistributedDataParallel
 
 # Settings, which features change per run through the connector, which restores them.
 
-#: Dynamo's settings (2.1-2.14): ``optimize_ddp`` chosen per run; ``suppress_errors`` and the recompile limit read.
+#: Dynamo's settings (2.1-2.15): ``optimize_ddp`` chosen per run; ``suppress_errors`` and the recompile limit read.
 dynamo_config = torch._dynamo.config
-#: AOTAutograd's settings: ``force_non_lazy_backward_lowering`` set per run (2.13-2.14).
+#: AOTAutograd's settings: ``force_non_lazy_backward_lowering`` set per run (2.13-2.15).
 functorch_config = torch._functorch.config
-#: Inductor's settings: the two that building a DDP under the python reducer sets for the process (2.6-2.14).
+#: Inductor's settings: the two that building a DDP under the python reducer sets for the process (2.6-2.15).
 inductor_config = torch._inductor.config
 
-#: Dynamo's recompile limit: ``recompile_limit`` on 2.7-2.14, ``cache_size_limit`` on 2.1-2.6.
+#: Dynamo's recompile limit: ``recompile_limit`` on 2.7-2.15, ``cache_size_limit`` on 2.1-2.6.
 RECOMPILE_LIMIT = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
 
 
 def recompile_limit() -> int:
-    """How many compiled entries Dynamo keeps for one code object before it runs that code uncompiled (2.1-2.14)."""
+    """How many compiled entries Dynamo keeps for one code object before it runs that code uncompiled (2.1-2.15)."""
     return int(getattr(dynamo_config, RECOMPILE_LIMIT))
 
 
 def errors_suppressed() -> bool:
-    """Whether ``suppress_errors`` hides compile errors and runs the frame uncompiled instead (2.1-2.14)."""
+    """Whether ``suppress_errors`` hides compile errors and runs the frame uncompiled instead (2.1-2.15)."""
     return bool(dynamo_config.suppress_errors)
 
 
-#: The logger Dynamo tells a recompile-limit hit on, its only report of one (2.1-2.14).
+#: The logger Dynamo tells a recompile-limit hit on, its only report of one (2.1-2.15).
 RECOMPILE_LIMIT_LOGGER = convert_frame.__name__
 
 
 def is_recompile_limit_hit(message: str) -> bool:
-    """Whether a record of ``RECOMPILE_LIMIT_LOGGER`` tells a hit, as ``hit config.recompile_limit (8)`` (2.1-2.14)."""
+    """Whether a record of ``RECOMPILE_LIMIT_LOGGER`` tells a hit, as ``hit config.recompile_limit (8)`` (2.1-2.15)."""
     return "hit config." in message and ("recompile_limit" in message or "cache_size_limit" in message)
 
 
-#: Whether the backward can be compiled together with the forward (``force_non_lazy_backward_lowering``, 2.13-2.14).
+#: Whether the backward can be compiled together with the forward (``force_non_lazy_backward_lowering``, 2.13-2.15).
 NON_LAZY_BACKWARD = hasattr(functorch_config, "force_non_lazy_backward_lowering")
 
-# Counters (``torch._dynamo.utils.counters``, 2.1-2.14): totals for the process, read as differences over a run.
+# Counters (``torch._dynamo.utils.counters``, 2.1-2.15): totals for the process, read as differences over a run.
 
 
 def graphs_compiled() -> int:
@@ -78,7 +78,7 @@ def backward_graphs_compiled() -> int:
 
 
 def compilation_metrics() -> list[Any]:
-    """Dynamo's record of its last 64 frame compiles, oldest first (``get_compilation_metrics``: 2.2-2.14, not 2.1).
+    """Dynamo's record of its last 64 frame compiles, oldest first (``get_compilation_metrics``: 2.2-2.15, not 2.1).
 
     Each has the frame (``co_name``, ``co_filename``, ``co_firstlineno``), ``fail_type`` and ``fail_reason`` where it
     failed or was skipped, ``graph_op_count``, ``cache_size`` (its entries before: a recompile when above 0) and times.
@@ -90,7 +90,7 @@ def compilation_metrics() -> list[Any]:
 def started_us(metrics: Any) -> float:
     """When a frame's compile started, in microseconds since the epoch.
 
-    ``start_time_us`` on 2.6-2.14, ``start_time`` in seconds on 2.2-2.5.
+    ``start_time_us`` on 2.6-2.15, ``start_time`` in seconds on 2.2-2.5.
 
     """
     return getattr(metrics, "start_time_us", None) or (getattr(metrics, "start_time", None) or 0) * 1e6
@@ -102,18 +102,18 @@ def started_us(metrics: Any) -> float:
 def converted_codes() -> list["weakref.ref[types.CodeType]"]:
     """Every code object Dynamo has converted in this process, in order, as weak references.
 
-    ``input_codes.seen`` (2.1-2.14), which ``torch._dynamo.reset()`` empties.
+    ``input_codes.seen`` (2.1-2.15), which ``torch._dynamo.reset()`` empties.
 
     """
     return convert_frame.input_codes.seen
 
 
-#: The code objects Dynamo made of the frames it converted (``output_codes``, 2.6-2.14; without it, empty).
+#: The code objects Dynamo made of the frames it converted (``output_codes``, 2.6-2.15; without it, empty).
 OUTPUT_CODES: Any = getattr(convert_frame, "output_codes", ())
 
 
 def cache_entries(code: types.CodeType) -> int:
-    """How many compiled entries Dynamo holds for ``code`` (``_debug_get_cache_entry_list``, 2.1-2.14)."""
+    """How many compiled entries Dynamo holds for ``code`` (``_debug_get_cache_entry_list``, 2.1-2.15)."""
     return len(torch._C._dynamo.eval_frame._debug_get_cache_entry_list(code))
 
 
@@ -124,14 +124,14 @@ def per_code_reset() -> bool:
 
 
 def reset_code(code: types.CodeType) -> None:
-    """Drops ``code``'s compiled entries, its recompile count and its "skip" mark (``reset_code``, 2.1-2.14)."""
+    """Drops ``code``'s compiled entries, its recompile count and its "skip" mark (``reset_code``, 2.1-2.15)."""
     torch._C._dynamo.eval_frame.reset_code(code)
 
 
 def skip_code(code: types.CodeType) -> None:
     """Dynamo runs ``code`` uncompiled as a frame of its own, and still inlines it into a traced caller.
 
-    The Python ``skip_code`` on 2.13-2.14, which also records it; the C one on 2.1-2.12.
+    The Python ``skip_code`` on 2.13-2.15, which also records it; the C one on 2.1-2.12.
 
     """
     skip = getattr(torch._dynamo.eval_frame, "skip_code", None)
@@ -144,7 +144,7 @@ def skip_code(code: types.CodeType) -> None:
 def backend(name_or_callable: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool]) -> Any:
     """The backend ``torch.compile`` builds from its arguments, for a feature that wraps it.
 
-    ``_TorchCompileInductorWrapper`` for inductor, ``_TorchCompileWrapper`` otherwise (2.1-2.14).
+    ``_TorchCompileInductorWrapper`` for inductor, ``_TorchCompileWrapper`` otherwise (2.1-2.15).
 
     """
     if name_or_callable is None or name_or_callable == "inductor":
@@ -152,7 +152,7 @@ def backend(name_or_callable: Any, mode: Optional[str], options: Optional[dict],
     return torch._TorchCompileWrapper(name_or_callable, mode, options, dynamic)
 
 
-#: What a failed compile raises (2.1-2.14); ``FailOnRecompileLimitHit`` (2.6+) is outside Dynamo's hierarchy.
+#: What a failed compile raises (2.1-2.15); ``FailOnRecompileLimitHit`` (2.6+) is outside Dynamo's hierarchy.
 COMPILE_ERRORS: tuple[type[BaseException], ...] = tuple(
     error
     for error in (torch._dynamo.exc.TorchDynamoException, getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None))
@@ -164,13 +164,13 @@ WRAPPING_ERRORS = (torch._dynamo.exc.TorchRuntimeError, torch._dynamo.exc.Intern
 DYNAMO_DIR = os.path.dirname(torch._dynamo.__file__) + os.sep
 
 
-# Compiled autograd and DDP (2.6-2.14).
+# Compiled autograd and DDP (2.6-2.15).
 
 
 def compiled_autograd_switch() -> Optional[Callable[..., Any]]:
     """The context manager that turns compiled autograd on with a compiler, or ``None`` where torch has none.
 
-    ``compiled_autograd._enable`` (2.6-2.14).
+    ``compiled_autograd._enable`` (2.6-2.15).
 
     """
     try:
@@ -184,23 +184,23 @@ _DDP_FILE = "torch.nn.parallel.distributed"
 
 
 def ddp_file_traced() -> bool:
-    """Whether Dynamo traces DDP's own module: building a DDP under the python reducer adds it (2.6-2.14)."""
+    """Whether Dynamo traces DDP's own module: building a DDP under the python reducer adds it (2.6-2.15)."""
     return _DDP_FILE in torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST
 
 
 def stop_tracing_ddp_file() -> None:
-    """Undoes what building a DDP under the python reducer added to Dynamo's inline list (2.6-2.14)."""
+    """Undoes what building a DDP under the python reducer added to Dynamo's inline list (2.6-2.15)."""
     torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST.discard(_DDP_FILE)
     torch._dynamo.trace_rules.get_legacy_mod_inlinelist.cache_clear()
 
 
 def ddp_uses_python_reducer(wrapper: DistributedDataParallel) -> bool:
-    """Whether DDP was built with its python reducer, which compiled autograd can trace (2.6-2.14)."""
+    """Whether DDP was built with its python reducer, which compiled autograd can trace (2.6-2.15)."""
     return bool(getattr(wrapper, "_use_python_reducer", False))
 
 
 def remove_reducer_hooks(wrapper: DistributedDataParallel) -> None:
-    """Removes the python reducer's gradient hooks, which DDP leaves on the parameters (2.6-2.14).
+    """Removes the python reducer's gradient hooks, which DDP leaves on the parameters (2.6-2.15).
 
     Otherwise a later ``backward()`` would still all-reduce.
 
@@ -213,7 +213,7 @@ def remove_reducer_hooks(wrapper: DistributedDataParallel) -> None:
 def sync_ddp_buffers(wrapper: DistributedDataParallel, before: bool) -> None:
     """Broadcasts the buffers where DDP's ``_pre_forward`` (``before``) or ``_post_forward`` would.
 
-    Under the python reducer DDP skips both (2.6-2.14).
+    Under the python reducer DDP skips both (2.6-2.15).
 
     """
     if wrapper._check_sync_bufs_pre_fwd() if before else wrapper._check_sync_bufs_post_fwd():
@@ -221,7 +221,7 @@ def sync_ddp_buffers(wrapper: DistributedDataParallel, before: bool) -> None:
 
 
 def inductor_default_cache_dir() -> str:
-    """Inductor's on-disk cache directory when ``TORCHINDUCTOR_CACHE_DIR`` is unset (2.7-2.14)."""
+    """Inductor's on-disk cache directory when ``TORCHINDUCTOR_CACHE_DIR`` is unset (2.7-2.15)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     return default_cache_dir()
