@@ -6,8 +6,8 @@ else, behind a function or constant named for what the features do with it, so t
 breaks one line, and a test per CI torch (``tests/test_torch_surface.py``) calls every entry as the features do.
 
 The range after each entry is the torch versions it is read on (where it is looked up with ``getattr``, the versions
-that have it); CI calls each on torch 2.6, 2.13 and 2.15 (2.14 with its nox session), and Lightning's own CI imports it on 2.1 and 2.9. DDP's
-private attributes, which compiled autograd needs under the python reducer, are here too.
+that have it); CI calls each on torch 2.6, 2.13 and 2.15 (2.14 with its nox session), and Lightning's own CI imports
+it on 2.1 and 2.9. DDP's private attributes, which compiled autograd needs under the python reducer, are here too.
 
 """
 
