@@ -164,7 +164,7 @@ def test_true_uses_torch_compile_defaults(tmp_path, monkeypatch):
     assert not torch.equal(before, model.layer.weight)
 
 
-def test_model_compiled_before_lightning_was_imported_keeps_stock_behaviour_with_a_warning():
+def test_model_compiled_before_lightning_was_imported_keeps_stock_behaviour():
     backend = CountingBackend("unknown_kwargs")
     compiled = torch.compile(BoringModel(), backend=backend)
     # what a compile before `import lightning` looks like: no arguments recorded (torch 2.6 keeps attributes set on
@@ -173,4 +173,5 @@ def test_model_compiled_before_lightning_was_imported_keeps_stock_behaviour_with
         holder.__dict__.pop("_compile_kwargs", None)
     _, seen, messages = fit(compiled, "auto", None)
     assert seen["train"]["stock_compiled"]
-    assert any("compiled before `lightning` was imported" in m for m in messages)
+    # as stock Lightning, with no warning: only a launcher that pickles the model (`ddp_spawn`) warns, since it fails
+    assert not any("arguments are unknown" in m for m in messages)

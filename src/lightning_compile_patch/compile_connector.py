@@ -1,9 +1,12 @@
-"""Compiles a ``torch.compile``-d model again after the strategy has set it up, in every stage.
+"""Compiles a ``torch.compile``-d model's steps in each process, where the strategy's launcher pickles the model.
 
-:meth:`_CompileConnector.unwrap` takes the LightningModule passed to ``fit``/``validate``/``test``/``predict`` out of
-its ``torch.compile`` wrapper and keeps its arguments. Right after ``strategy.setup``, before any hook that runs a step,
-:meth:`~_CompileConnector.compile` compiles the LightningModule's steps in place, with them: the strategy runs them
-directly, or inside its wrapper (DDP, FSDP).
+A launcher that starts its processes with ``spawn`` (``strategy="ddp_spawn"``) pickles the model for them, and compiled
+steps do not pickle. For it, :meth:`_CompileConnector.unwrap` takes the LightningModule passed to
+``fit``/``validate``/``test``/``predict`` out of its ``torch.compile`` wrapper and keeps its arguments; in each process,
+right after ``strategy.setup`` and before any hook that runs a step, :meth:`~_CompileConnector.compile` compiles the
+LightningModule's steps in place with them. Under any other launcher Lightning compiles the steps when the model is
+passed in (``from_compiled``), as it did; a model passed compiled again is made plain first, so that its own steps are
+compiled, not its compiled ones.
 
 """
 # [ladder package]
@@ -35,7 +38,9 @@ import lightning.pytorch as pl
 import lightning_compile_patch.compile_features as compile_features  # [ladder features]
 from lightning_compile_patch.compile_features import _torch_surface as surface  # [ladder features]
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6  # [ladder use_compile]
+from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.strategies import ModelParallelStrategy  # [ladder features]
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.strategies.strategy import _ForwardRedirection  # [ladder features]
 from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
 from lightning.pytorch.utilities.compile import _verify_strategy_can_compile, from_compiled, to_uncompiled
@@ -181,7 +186,7 @@ _RUNNING: list["_CompileConnector"] = []
 
 
 class _CompileConnector:
-    """Compiles what the strategy runs, in every stage, once the strategy has set the model up."""
+    """Compiles what a run compiles, in each stage, once the strategy has set the model up."""
 
     # [ladder features]
     #: The features' keys that every ``use_compile`` of this process sets unless it sets them itself: none in Lightning;
@@ -217,7 +222,6 @@ class _CompileConnector:
         # [ladder !features use_compile] self.compile_kwargs = _parse_use_compile(use_compile)
         #: The arguments of a compiled model passed in.
         self._input_kwargs: Optional[Mapping[str, Any]] = None
-        # [ladder !features] self._compiled: Optional[pl.LightningModule] = None  # the model compiled with them
         # [ladder features]
         #: The arguments every compile of the run in progress uses (``None``: the run compiles nothing).
         self.run_kwargs: Optional[Mapping[str, Any]] = None
@@ -244,7 +248,7 @@ class _CompileConnector:
 
     # [/ladder]
     def unwrap(self, model: Any) -> Any:
-        """Takes a model out of its ``torch.compile`` wrapper, to compile it after the strategy wraps it instead."""
+        """Unwraps a compiled model that the launcher pickles (``ddp_spawn``), to compile it in each process instead."""
         # [ladder features]
         if model is self.trainer.lightning_module and self._input_kwargs is not None:
             rank_zero_warn(
@@ -252,8 +256,7 @@ class _CompileConnector:
                 " wrapper, so this stage runs it uncompiled. Pass the compiled model, or no model, to run it compiled."
             )
         # [/ladder]
-        # [ladder !features] self._input_kwargs = self._compiled = None
-        self._input_kwargs = None  # [ladder features]
+        self._input_kwargs = None
         # [ladder use_compile]
         if self.use_compile is not None:
             # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)
@@ -261,23 +264,30 @@ class _CompileConnector:
         # [/ladder]
         if not isinstance(model, OptimizedModule) or not isinstance(model._orig_mod, pl.LightningModule):
             return model  # Lightning's own checks refuse what it cannot run, as before
+        if model._orig_mod._compiler_ctx is not None:  # passed compiled again: its own steps are compiled, not these
+            to_uncompiled(model)
         # [ladder use_compile]
         if self.enabled:  # compiled with `use_compile`'s own arguments: compiled once, after the wrap
             return model._orig_mod
         # [/ladder]
-        _verify_strategy_can_compile(self.trainer.strategy)  # where Lightning checks a compiled model
-        # this compile's own arguments (Fabric's capture): the module inside has those of its latest compile
-        compile_kwargs = vars(model).get("_compile_kwargs")
-        if compile_kwargs is None:
+        launcher = self.trainer.strategy.launcher
+        # `spawn` and `forkserver` pickle the model for the new processes; `fork` and a new script (`ddp`) do not
+        pickles = isinstance(launcher, _MultiProcessingLauncher) and not launcher.is_interactive_compatible
+        known = getattr(model, "_compile_kwargs", None) is not None  # Fabric's capture; `_unwrap_compiled` needs them
+        if pickles and not known:
             rank_zero_warn(
-                "The model's `torch.compile` arguments are unknown (it was compiled before `lightning` was imported,"
-                " copied, or not compiled by `torch.compile`), so its steps are compiled when it is passed in, before"
-                " the strategy's setup, and `strategy='ddp_spawn'` cannot pickle it. Import `lightning` before calling"
-                " `torch.compile`."
+                "The model's `torch.compile` arguments are unknown (it was compiled before `lightning` was imported, or"
+                " not by `torch.compile`), so its steps are compiled before the launch, and the strategy's launcher,"
+                " which pickles the model for its processes, cannot pickle them. Import `lightning` before calling"
+                " `torch.compile`, or use `strategy='ddp'`."
             )
-            return model
-        self._input_kwargs = dict(compile_kwargs)
-        return model._orig_mod
+        # [ladder !features] if not pickles or not known:
+        # the features (`input_defaults`) run in the compile after the setup, on every launcher  # [ladder features]
+        if not (pickles or self.input_defaults) or not known:  # [ladder features]
+            return model  # Lightning compiles its steps as it is passed in (`from_compiled`), as before
+        _verify_strategy_can_compile(self.trainer.strategy)  # where Lightning checks a compiled model
+        module, self._input_kwargs = _unwrap_compiled(model)
+        return module
 
     # [ladder features]
     def on_run_start(self, model: "pl.LightningModule") -> None:
@@ -326,11 +336,6 @@ class _CompileConnector:
         if wrapper is not module and (self.enabled or self.input_defaults) and self._compile_wrapper(wrapper, kwargs):
             return
         # [/ladder]
-        # [ladder !use_compile] if module is self._compiled:  # compiled by an earlier stage: it runs as it is now, as before  # noqa: E501
-        # [ladder !features use_compile] if module is self._compiled and not self.enabled:  # compiled by an earlier stage  # noqa: E501
-        # [ladder !features]     return
-        if module._compiler_ctx is not None:  # left compiled by an earlier run: compiled afresh, not twice over
-            to_uncompiled(module)
         self.keep_copies_plain(module, ("_compiler_ctx", "forward", *_STEPS))  # [ladder features]
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
         # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
@@ -338,7 +343,6 @@ class _CompileConnector:
         # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which this compile has no use for
         from_compiled(cast(OptimizedModule, inspect.unwrap(torch.compile)(module, **kwargs)))
         # [/ladder]
-        # [ladder !features] self._compiled = module
         # [ladder use_compile !features] if self.enabled:  # a model the Trainer compiled on its own is plain again after the run  # noqa: E501
         # [ladder use_compile !features]     self.defer(to_uncompiled, module)
         self.defer(to_uncompiled, module)  # [ladder features]
