@@ -258,7 +258,7 @@ class _CompileConnector:
         # [/ladder]
         self._input_kwargs = None
         # [ladder use_compile]
-        if self.use_compile is not None:
+        if self.enabled:  # `use_compile=False` compiles nothing of its own: a model compiled by hand runs as without it
             # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)
             _verify_one_compile(model, self.use_compile, self.options.torch_kwargs)  # [ladder features]
         # [/ladder]
@@ -582,10 +582,10 @@ def _feature_classes() -> tuple[type[_CompileFeature], ...]:
 # [/ladder]
 # [ladder use_compile]
 def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any]) -> None:
-    """Refuses a model compiled by hand that ``use_compile`` asks otherwise of: which of the two to run is unclear."""
+    """Refuses a model compiled by hand otherwise than ``use_compile`` asks: which of the two to run is unclear."""
     if isinstance(model, OptimizedModule):
         given = getattr(model, "_compile_kwargs", None)
-        if use_compile is not False and given is not None and _explicit(given) == _explicit(kwargs):
+        if given is not None and _explicit(given) == _explicit(kwargs):
             return  # the compile that `use_compile` asks for
         how = "before `lightning` was imported" if given is None else f"with `torch.compile(model, **{dict(given)})`"
         plain = "`model._orig_mod`"
@@ -594,10 +594,9 @@ def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any])
         plain = "`to_uncompiled(model)`"
     else:
         return
-    asks = "no compile" if use_compile is False else "a compile of its own"
     raise ValueError(
-        f"The model passed in was compiled {how} and `Trainer(use_compile={use_compile!r})` asks for {asks}. Pass"
-        f" the uncompiled model ({plain}), or remove `use_compile`."
+        f"The model passed in was compiled {how} and `Trainer(use_compile={use_compile!r})` asks for a compile of its"
+        f" own. Pass the uncompiled model ({plain}), or remove `use_compile`."
     )
 
 

@@ -473,35 +473,35 @@ this patch: no unwrap (master's placement) and the compile after the `on_fit_sta
 USE_COMPILE = Patch(
     subject="Add `Trainer(use_compile=...)` to compile any model after the strategy sets it up",
     body="""\
-#20242 asks for a flag. With the previous patch a compiled model passed in is compiled again
-after the strategy's setup; `Trainer(use_compile=True | dict)` does the same for any model, with the
+#20242 asks for a flag. `Trainer(use_compile=True | dict)` compiles any model's steps right after
+the strategy's setup, as the previous patch does for a compiled model under `ddp_spawn`, with the
 defaults of `torch.compile` or with the arguments in the dict, which `torch.compile` itself
 checks when the Trainer is built (a dry call that builds the backend), so that a typo fails at
-`Trainer(...)` rather than minutes into the run. `use_compile=False` compiles nothing. What the
-Trainer compiles of a model passed in plain, it undoes in `_teardown`, on every path (after a
-step that raised too): the model is plain again after the run, and pickles. A compiled model
-passed in without the flag stays compiled after the run, as with the previous patch; with the
+`Trainer(...)` rather than minutes into the run. `use_compile=False`, like the default `None`,
+means the Trainer compiles nothing of its own: a model compiled by hand runs exactly as without
+the flag. What the Trainer compiles of a model passed in plain, it undoes in `_teardown`, on
+every path (after a step that raised too): the model is plain again after the run, and pickles.
+A compiled model passed in without the flag stays compiled after the run, as on master; with the
 flag, the Trainer compiles it with the flag's arguments, and undoes that too.
 
 Who needs a flag rather than `fit(torch.compile(model))`: LightningCLI and YAML configs, which
 build the model and cannot wrap it in `torch.compile` (#17283 got CLI workarounds), and
 libraries that build their own Trainer from their user's Trainer arguments. That is the one
-case the previous patch does not cover. lantiga's comment in the review of #20269, which argued
-against a flag there ("I don't think we need reapply_compile, we will want this whenever we have
-an optimized model in input"), is what the previous patch does for a compiled model. A model whose
-layers are built in `configure_model` does not need the flag (`torch.compile` is lazy:
-`fit(torch.compile(model))` compiles them), nor does `validate` after `fit` (the Trainer
-compiles its model again).
+case that passing `torch.compile(model)` does not cover. lantiga's comment in the review of
+#20269 argued against a flag there ("I don't think we need reapply_compile, we will want this
+whenever we have an optimized model in input"): about a compiled model passed in, which needs
+none. A model whose layers are built in `configure_model` does not need the flag
+(`torch.compile` is lazy: `fit(torch.compile(model))` compiles them), nor does `validate` after
+`fit` (the model's steps stay compiled).
 
 The question for the maintainers: #15914 (`Trainer(compile=...)`) was closed for #15922 ("pass
 `torch.compile(model)`"). With the previous patch merged, is a Trainer argument worth having for
 configuration-driven compiles? The alternatives, without one:
-- `fit(torch.compile(model))`, which the previous patch compiles after the setup: a config-built
-  model cannot be wrapped without code (a custom `LightningCLI` subclass, a library's option);
+- `fit(torch.compile(model))`: a config-built model cannot be wrapped without code (a custom
+  `LightningCLI` subclass, a library's option);
 - a `compile` hyperparameter of the LightningModule that compiles its own submodules (in
-  `__init__` or `configure_model`): it works from a YAML config today, with no Trainer change,
-  and under DDP's C++ reducer compiling before the wrap costs nothing measurable (previous
-  patch). It is the strongest alternative: what it lacks is one switch for any model, such as a
+  `__init__` or `configure_model`): it works from a YAML config today, with no Trainer change.
+  It is the strongest alternative: what it lacks is one switch for any model, such as a
   library's, whose code the user does not write;
 - a `Callback` that compiles `trainer.strategy.model`, which a config sets through
   `trainer.callbacks`: its `setup` runs before the strategy's, and its `on_fit_start` after the
@@ -517,14 +517,13 @@ arguments, which change between torch versions (2.13 added `recompile_limit` and
 If the answer is no, this patch stays out and the previous one stands alone.
 
 Proposed for the review, each a small change if the maintainers prefer otherwise:
-- three values: `None` (default: a compiled model passed in is compiled after the setup), `True`
-  or a dict (every model compiled after the setup), `False` (nothing compiled). A reviewer found
-  them confusing: in a YAML config `use_compile: false` reads as "do not compile", where it also
-  refuses a model compiled by hand. The previous behaviour for a compiled model, its steps
-  compiled when it is passed in, stays reachable without the flag:
-  `fit(from_compiled(torch.compile(model)))`.
-- A model compiled by hand that the flag disagrees with (`False`, other arguments once
-  `torch.compile`'s defaults are left out, with a `None` read as what it stands for:
+- three values: `True` or a dict (every model compiled after the setup), and `None` (default)
+  or `False`, which mean the same: the Trainer compiles nothing of its own, and a model compiled
+  by hand runs as without the flag. (An earlier version refused a compiled model with `False`;
+  a reviewer pointed out that a YAML `use_compile: false` added to a script that passes
+  `torch.compile(model)` then broke it.)
+- With `True` or a dict, a model compiled by hand that the flag disagrees with (other arguments
+  once `torch.compile`'s defaults are left out, with a `None` read as what it stands for:
   `backend=None` is inductor; `from_compiled`; or compiled before `lightning` was imported) is
   refused when the run starts, before anything runs, rather than one of the two compiles picked
   with a warning. The same arguments are taken: compiled once.
