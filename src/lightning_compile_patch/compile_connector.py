@@ -1,12 +1,8 @@
 """Compiles a ``torch.compile``-d model's steps in each process, where the strategy's launcher pickles the model.
 
-A launcher that starts its processes with ``spawn`` (``strategy="ddp_spawn"``) pickles the model for them, and compiled
-steps do not pickle. For it, :meth:`_CompileConnector.unwrap` takes the LightningModule passed to
-``fit``/``validate``/``test``/``predict`` out of its ``torch.compile`` wrapper and keeps its arguments; in each process,
-right after ``strategy.setup`` and before any hook that runs a step, :meth:`~_CompileConnector.compile` compiles the
-LightningModule's steps in place with them. Under any other launcher Lightning compiles the steps when the model is
-passed in (``from_compiled``), as it did; a model passed compiled again is made plain first, so that its own steps are
-compiled, not its compiled ones.
+Compiled steps do not pickle: for a launcher that pickles the model (``strategy="ddp_spawn"``),
+:meth:`_CompileConnector.unwrap` takes the LightningModule out of its ``torch.compile`` wrapper, and in each process
+:meth:`~_CompileConnector.compile` compiles its steps in place, with the same arguments, right after ``strategy.setup``.
 
 """
 # [ladder package]
@@ -276,10 +272,9 @@ class _CompileConnector:
         known = getattr(model, "_compile_kwargs", None) is not None  # Fabric's capture; `_unwrap_compiled` needs them
         if pickles and not known:
             rank_zero_warn(
-                "The model's `torch.compile` arguments are unknown (it was compiled before `lightning` was imported, or"
-                " not by `torch.compile`), so its steps are compiled before the launch, and the strategy's launcher,"
-                " which pickles the model for its processes, cannot pickle them. Import `lightning` before calling"
-                " `torch.compile`, or use `strategy='ddp'`."
+                "The model's `torch.compile` arguments are unknown (it was compiled before `lightning` was imported),"
+                " so its steps are compiled before the launch, and the launcher cannot pickle them for its processes."
+                " Import `lightning` before calling `torch.compile`, or use `strategy='ddp'`."
             )
         # [ladder !features] if not pickles or not known:
         # the features (`input_defaults`) run in the compile after the setup, on every launcher  # [ladder features]
