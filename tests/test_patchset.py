@@ -68,12 +68,12 @@ def _src_lines_added(patch_file: Path) -> int:
 
 @pytest.mark.parametrize(("subject", "most"), [("REAPPLY", 95), ("USE_COMPILE", 155)])
 def test_the_rungs_a_maintainer_would_merge_stay_small(subject, most):
-    # Fabric's re-apply (#19280) was 94 src lines; the re-apply adds its connector (the unwrap and the compile after
-    # the setup: 74 lines with docstrings, 13 of license), the Trainer's calls, and the strategy check (its body moved
-    # into a function of its own, which the Trainer calls for a model it is to compile): 95. It leaves the model
-    # compiled after the run, as master does, and compiles the steps, not the wrapper, so it needs no undo and no reset
-    # of the forward redirection (the seam's, with the wrapper's compile). The fix of Fabric's capture is a rung of its
-    # own.
+    # Fabric's re-apply (#19280) was 94 src lines; the `ddp_spawn` fix adds its connector (the unwrap where the launcher
+    # pickles the model, and the compile after the setup: 73 lines with docstrings, 13 of license), the Trainer's
+    # calls, and the strategy check (its body moved into a function of its own, which the Trainer calls for a model it
+    # is to compile): 94. Elsewhere the model takes Lightning's own path, left compiled after the run, and it compiles
+    # the steps, not the wrapper, so it needs no undo and no reset of the forward redirection (the seam's, with the
+    # wrapper's compile). The fix of Fabric's capture is a rung of its own.
     # `use_compile`: the flag, its check by `torch.compile`, the refusal of a model compiled by hand otherwise, and the
     # undo, in `_teardown`, of what it compiled of a model passed in plain
     for base_name in series.BASES:

@@ -1,9 +1,8 @@
-"""Compiles a ``torch.compile``-d model again after the strategy has set it up, in every stage.
+"""Compiles a ``torch.compile``-d model's steps in each process, where the strategy's launcher pickles the model.
 
-:meth:`_CompileConnector.unwrap` takes the LightningModule passed to ``fit``/``validate``/``test``/``predict`` out of
-its ``torch.compile`` wrapper and keeps its arguments. Right after ``strategy.setup``, before any hook that runs a step,
-:meth:`~_CompileConnector.compile` compiles the LightningModule's steps in place, with them: the strategy runs them
-directly, or inside its wrapper (DDP, FSDP).
+Compiled steps do not pickle: for a launcher that pickles the model (``strategy="ddp_spawn"``),
+:meth:`_CompileConnector.unwrap` takes the LightningModule out of its ``torch.compile`` wrapper, and in each process
+:meth:`~_CompileConnector.compile` compiles its steps in place, with the same arguments, right after ``strategy.setup``.
 
 """
 # [ladder package]
@@ -35,7 +34,9 @@ import lightning.pytorch as pl
 import lightning_compile_patch.compile_features as compile_features  # [ladder features]
 from lightning_compile_patch.compile_features import _torch_surface as surface  # [ladder features]
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6  # [ladder use_compile]
+from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.strategies import ModelParallelStrategy  # [ladder features]
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.strategies.strategy import _ForwardRedirection  # [ladder features]
 from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
 from lightning.pytorch.utilities.compile import _verify_strategy_can_compile, from_compiled, to_uncompiled
@@ -181,7 +182,7 @@ _RUNNING: list["_CompileConnector"] = []
 
 
 class _CompileConnector:
-    """Compiles what the strategy runs, in every stage, once the strategy has set the model up."""
+    """Compiles what a run compiles, in each stage, once the strategy has set the model up."""
 
     # [ladder features]
     #: The features' keys that every ``use_compile`` of this process sets unless it sets them itself: none in Lightning;
@@ -217,7 +218,6 @@ class _CompileConnector:
         # [ladder !features use_compile] self.compile_kwargs = _parse_use_compile(use_compile)
         #: The arguments of a compiled model passed in.
         self._input_kwargs: Optional[Mapping[str, Any]] = None
-        # [ladder !features] self._compiled: Optional[pl.LightningModule] = None  # the model compiled with them
         # [ladder features]
         #: The arguments every compile of the run in progress uses (``None``: the run compiles nothing).
         self.run_kwargs: Optional[Mapping[str, Any]] = None
@@ -244,7 +244,7 @@ class _CompileConnector:
 
     # [/ladder]
     def unwrap(self, model: Any) -> Any:
-        """Takes a model out of its ``torch.compile`` wrapper, to compile it after the strategy wraps it instead."""
+        """Unwraps a compiled model that the launcher pickles (``ddp_spawn``), to compile it in each process instead."""
         # [ladder features]
         if model is self.trainer.lightning_module and self._input_kwargs is not None:
             rank_zero_warn(
@@ -252,32 +252,37 @@ class _CompileConnector:
                 " wrapper, so this stage runs it uncompiled. Pass the compiled model, or no model, to run it compiled."
             )
         # [/ladder]
-        # [ladder !features] self._input_kwargs = self._compiled = None
-        self._input_kwargs = None  # [ladder features]
+        self._input_kwargs = None
         # [ladder use_compile]
-        if self.use_compile is not None:
+        if self.enabled:  # `use_compile=False` compiles nothing of its own: a model compiled by hand runs as without it
             # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)
             _verify_one_compile(model, self.use_compile, self.options.torch_kwargs)  # [ladder features]
         # [/ladder]
         if not isinstance(model, OptimizedModule) or not isinstance(model._orig_mod, pl.LightningModule):
             return model  # Lightning's own checks refuse what it cannot run, as before
+        if model._orig_mod._compiler_ctx is not None:  # passed compiled again: its own steps are compiled, not these
+            to_uncompiled(model)
         # [ladder use_compile]
         if self.enabled:  # compiled with `use_compile`'s own arguments: compiled once, after the wrap
             return model._orig_mod
         # [/ladder]
-        _verify_strategy_can_compile(self.trainer.strategy)  # where Lightning checks a compiled model
-        # this compile's own arguments (Fabric's capture): the module inside has those of its latest compile
-        compile_kwargs = vars(model).get("_compile_kwargs")
-        if compile_kwargs is None:
+        launcher = self.trainer.strategy.launcher
+        # `spawn` and `forkserver` pickle the model for the new processes; `fork` and a new script (`ddp`) do not
+        pickles = isinstance(launcher, _MultiProcessingLauncher) and not launcher.is_interactive_compatible
+        known = getattr(model, "_compile_kwargs", None) is not None  # Fabric's capture; `_unwrap_compiled` needs them
+        if pickles and not known:
             rank_zero_warn(
-                "The model's `torch.compile` arguments are unknown (it was compiled before `lightning` was imported,"
-                " copied, or not compiled by `torch.compile`), so its steps are compiled when it is passed in, before"
-                " the strategy's setup, and `strategy='ddp_spawn'` cannot pickle it. Import `lightning` before calling"
-                " `torch.compile`."
+                "The model's `torch.compile` arguments are unknown (it was compiled before `lightning` was imported),"
+                " so its steps are compiled before the launch, and the launcher cannot pickle them for its processes."
+                " Import `lightning` before calling `torch.compile`, or use `strategy='ddp'`."
             )
-            return model
-        self._input_kwargs = dict(compile_kwargs)
-        return model._orig_mod
+        # [ladder !features] if not pickles or not known:
+        # the features (`input_defaults`) run in the compile after the setup, on every launcher  # [ladder features]
+        if not (pickles or self.input_defaults) or not known:  # [ladder features]
+            return model  # Lightning compiles its steps as it is passed in (`from_compiled`), as before
+        _verify_strategy_can_compile(self.trainer.strategy)  # where Lightning checks a compiled model
+        module, self._input_kwargs = _unwrap_compiled(model)
+        return module
 
     # [ladder features]
     def on_run_start(self, model: "pl.LightningModule") -> None:
@@ -326,11 +331,6 @@ class _CompileConnector:
         if wrapper is not module and (self.enabled or self.input_defaults) and self._compile_wrapper(wrapper, kwargs):
             return
         # [/ladder]
-        # [ladder !use_compile] if module is self._compiled:  # compiled by an earlier stage: it runs as it is now, as before  # noqa: E501
-        # [ladder !features use_compile] if module is self._compiled and not self.enabled:  # compiled by an earlier stage  # noqa: E501
-        # [ladder !features]     return
-        if module._compiler_ctx is not None:  # left compiled by an earlier run: compiled afresh, not twice over
-            to_uncompiled(module)
         self.keep_copies_plain(module, ("_compiler_ctx", "forward", *_STEPS))  # [ladder features]
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
         # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
@@ -338,7 +338,6 @@ class _CompileConnector:
         # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which this compile has no use for
         from_compiled(cast(OptimizedModule, inspect.unwrap(torch.compile)(module, **kwargs)))
         # [/ladder]
-        # [ladder !features] self._compiled = module
         # [ladder use_compile !features] if self.enabled:  # a model the Trainer compiled on its own is plain again after the run  # noqa: E501
         # [ladder use_compile !features]     self.defer(to_uncompiled, module)
         self.defer(to_uncompiled, module)  # [ladder features]
@@ -578,10 +577,10 @@ def _feature_classes() -> tuple[type[_CompileFeature], ...]:
 # [/ladder]
 # [ladder use_compile]
 def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any]) -> None:
-    """Refuses a model compiled by hand that ``use_compile`` asks otherwise of: which of the two to run is unclear."""
+    """Refuses a model compiled by hand otherwise than ``use_compile`` asks: which of the two to run is unclear."""
     if isinstance(model, OptimizedModule):
         given = getattr(model, "_compile_kwargs", None)
-        if use_compile is not False and given is not None and _explicit(given) == _explicit(kwargs):
+        if given is not None and _explicit(given) == _explicit(kwargs):
             return  # the compile that `use_compile` asks for
         how = "before `lightning` was imported" if given is None else f"with `torch.compile(model, **{dict(given)})`"
         plain = "`model._orig_mod`"
@@ -590,10 +589,9 @@ def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any])
         plain = "`to_uncompiled(model)`"
     else:
         return
-    asks = "no compile" if use_compile is False else "a compile of its own"
     raise ValueError(
-        f"The model passed in was compiled {how} and `Trainer(use_compile={use_compile!r})` asks for {asks}. Pass"
-        f" the uncompiled model ({plain}), or remove `use_compile`."
+        f"The model passed in was compiled {how} and `Trainer(use_compile={use_compile!r})` asks for a compile of its"
+        f" own. Pass the uncompiled model ({plain}), or remove `use_compile`."
     )
 
 

@@ -10,17 +10,19 @@ id). First each fix must ``git am -3`` alone on Lightning master; then the tests
 * ``master``: no patch, only the changes of ``tests/`` of every rung applied. Each unit must fail: tests that pass on
   master test nothing their rung changes;
 * each rung's units with the patches up to it (the four fixes together): they must pass, and so must Lightning's test
-  files that the rungs add to or change (``utilities/test_compile.py`` with the re-apply, whose two assertions of the
-  old placement it changes);
+  files that the rungs add to or whose code they change (``utilities/test_compile.py`` with the re-apply);
 * the re-apply's and ``use_compile``'s files on two mutants of the ladder up to ``use_compile``, which each file must
   fail:
   ``compiles before the launch`` (the Trainer does not unwrap the model passed in, so ``fit`` compiles its steps with
   ``from_compiled`` before the strategy's launcher and setup, and leaves them compiled: master's placement) and
   ``compiles after the on_fit_start hooks`` (the compile call moved to the start of ``_run_stage``, after the hooks
   where the tuner runs its trials: where the first version of the core compiled). Since ``torch.compile`` is lazy, a
-  step compiled before the wrap or after it is traced at its first call, inside the wrapper, alike: what tells the
-  re-apply from master is the unwrap (``ddp_spawn``'s pickling, nothing compiled left on the model, the warning of a
-  later stage), and the compile point before the tuner's hooks.
+  step compiled before the wrap or after it is traced at its first call, inside the wrapper, alike. The re-apply
+  (0005, the ``ddp_spawn`` fix) unwraps and compiles after the setup only where the launcher pickles the model: its
+  file fails the first mutant by ``ddp_spawn``'s pickling, the warning for unknown arguments and the model passed
+  compiled again, and the second by the tuner's trials, which its ``ddp_spawn`` test runs in each process. Elsewhere
+  the model takes Lightning's own path, which its ``ddp_fork`` tests guard (they pass on master and on the first
+  mutant).
 
 Lightning's tests run as its CI runs them (``cd tests && PYTHONPATH=../src python -m pytest``, `tools/lightning_ci.py`).
 Exits 1 if any target does not do what it must, with a table of each file's outcome.
@@ -46,7 +48,7 @@ sys.path.insert(0, str(HERE.parent))
 import lightning_ci  # noqa: E402
 from upstream.series import _UNWRAP_NEW, _UNWRAP_OLD, REAPPLY, USE_COMPILE, AddTests, Patch, series  # noqa: E402
 
-#: Lightning's own tests of its compile helpers, which the re-apply changes (two assertions of the old placement).
+#: Lightning's own tests of its compile helpers and of a compiled model in the Trainer, whose code the re-apply changes.
 LIGHTNING_COMPILE_TESTS = "tests_pytorch/utilities/test_compile.py"
 TRAINER = "src/lightning/pytorch/trainer/trainer.py"
 _COMPILE_CALL = "        self._compile_connector.compile()\n"

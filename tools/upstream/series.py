@@ -193,15 +193,6 @@ _UNWRAP_OLD = "model = _maybe_unwrap_optimized(model)"
 _UNWRAP_NEW = "model = _maybe_unwrap_optimized(self._compile_connector.unwrap(model))"
 _USE_COMPILE_ARG = f"        {trainer_api.NAME}: {trainer_api.ANNOTATION_SOURCE} = {trainer_api.DEFAULT},\n"
 _USE_COMPILE_DOC = f"{_indent(trainer_api.DOC, 12)}\n"
-_LIMITATION_DDP = (
-    "* The Trainer currently does not reapply ``torch.compile`` over :class:`~lightning.pytorch.strategies.DDPStrategy`"
-    " and :class:`~lightning.pytorch.strategies.FSDPStrategy`, meaning distributed operations can't benefit from speed"
-    " ups at the moment.\n"
-    "  This limitation can be avoided by using"
-    " :class:`~lightning.pytorch.strategies.model_parallel.ModelParallelStrategy`, as described in"
-    " `Apply torch.compile in configure_model`_ above.\n"
-)
-
 #: Lightning's own `Trainer._teardown`, which runs even when the connector's teardown raises.
 _LIGHTNING_TEARDOWN = """\
         self.strategy.teardown()
@@ -402,125 +393,54 @@ Issue text:
 _FIXED_SPAWN = (
     '- Fixed `strategy="ddp_spawn"` failing to pickle a `torch.compile`-d model ("Can\'t pickle'
     " BoringModel.forward: it's not the same object\" from PyTorch 2.6, a local object of Dynamo's before): the model"
-    " is unwrapped before the processes are spawned, and each process compiles its steps"
-)
-_REAPPLIED = (
-    "- A `torch.compile`-d model passed to the Trainer now has its steps compiled, with the same arguments, after the"
-    " strategy has set it up and before any hook runs a step, rather than when it is passed to"
-    " `fit`/`validate`/`test`/`predict`: the `setup` and `configure_model` hooks run before its steps are compiled,"
-    ' and under `strategy="ddp_spawn"`, `"ddp_fork"` or `"ddp_notebook"` the model of the main process stays plain'
-    " (`to_uncompiled(model)` after `fit` raises there, and a later stage with no model is compiled again in each"
-    " process)"
-    " ([#20269](https://github.com/Lightning-AI/pytorch-lightning/pull/20269))\n"
-)
-#: The fork undoes what a run compiled, a compiled model passed in included.
-_UNDONE = (
-    "- A `torch.compile`-d model passed to the Trainer is no longer left compiled after the run (its `_compiler_ctx` is"
-    " `None`): pass the compiled model again, or no model, to run `validate`, `test` or `predict` compiled (the"
-    " Trainer warns when its model comes back without its wrapper)\n"
+    " is pickled plain, and each process compiles its steps with the same `torch.compile` arguments\n\n"
+    "- Fixed a model passed to the Trainer compiled a second time having its compiled steps compiled over again, so"
+    " that `to_uncompiled` did not give the plain model back"
 )
 
 _REAPPLY_TESTS = "tests_pytorch/trainer/test_trainer_reapply_compile.py"
-_STAYS_COMPILED = (
-    '    assert model._compiler_ctx["compiler"] == "dynamo"  # left compiled after the run, as before\n'
-    '    trainer.save_checkpoint(tmp_path / "model.ckpt")\n'
-    "    to_uncompiled(model)\n"
-    "    # a stage with no model runs the Trainer's, here made plain, as it is\n"
-    '    trainer.test(ckpt_path=tmp_path / "model.ckpt")\n'
-    "    assert model._compiler_ctx is None\n"
-)
 
 REAPPLY = Patch(
-    subject="Compile a `torch.compile`-d model's steps again after the strategy sets it up",
+    subject="Fix `ddp_spawn` with a `torch.compile`-d model and don't compile already-compiled steps again",
     body="""\
-A compiled LightningModule passed to the Trainer has its step methods compiled
-(`from_compiled`) as soon as it is passed to `fit`/`validate`/`test`/`predict`, before the
-strategy's launcher and setup, and it stays compiled after the run. Under `strategy="ddp_spawn"`
-that fails: the launcher pickles the model, and a compiled step does not pickle ("Can't pickle
-BoringModel.forward: it's not the same object"). Fabric unwraps a compiled model in `setup` and
-compiles it again after the strategy's setup (`_unwrap_compiled`, `_reapply_compile`, #19280).
-On #20269 (a `reapply_compile` flag, which compiled the DDP wrapper), lantiga found the approach
-good, asked for no flag ("we will want this whenever we have an optimized model in input") and
-for Fabric's helpers. This patch keeps the re-apply without a flag and Fabric's
-`_unwrap_compiled`, but compiles the steps after the strategy's setup, not the DDP/FSDP wrapper
-(below, "Why not the wrapper").
+The Trainer compiles the steps of a `torch.compile`-d LightningModule (`from_compiled`) as soon
+as it is passed to `fit`/`validate`/`test`/`predict`, before the strategy's launcher runs. Under
+`strategy="ddp_spawn"` (any launcher that starts its processes with `spawn` or `forkserver`) the
+launcher pickles the model, and a compiled step does not pickle: "Can't pickle
+<function BoringModel.forward>: it's not the same object" (PyTorch 2.6 and later).
 
 **What changes.**
-- `fit`/`validate`/`test`/`predict` unwrap a compiled model (Fabric's `_unwrap_compiled`) and
-  keep its arguments. Right after `strategy.setup`, before any hook that runs a step (the
-  tuner's trials run in `on_fit_start`), the LightningModule's steps are compiled in place with
-  them (`from_compiled`). The strategy runs them directly, or inside its wrapper (DDP, FSDP),
-  which keeps its type and state-dict keys. Each step keeps its signature.
-- `strategy="ddp_spawn"` with a compiled model works: the plain model is pickled, and each
-  process compiles its steps. The main process's model stays plain, under `ddp_fork` and
-  `ddp_notebook` too (master compiled it before the fork): `to_uncompiled(model)` after `fit`
-  raises there, and a later stage with no model is compiled again in each process. A model
-  passed as `from_compiled(torch.compile(model))` is compiled when passed in, as before, and
-  still cannot be pickled.
-- A compiled module that is not a LightningModule is refused as before (the same `ValueError`).
-  A model whose arguments were not captured (compiled before `lightning` was imported, copied,
-  or not compiled by `torch.compile`) is compiled when passed in, as before, with a warning that
-  says why and that `ddp_spawn` cannot pickle it. The arguments are those of the compile passed
-  in, not of a later compile of the same module, which from torch 2.6 the module inside keeps.
-- As on master, the model's steps stay compiled after the run, so `trainer.test(model)` runs
-  compiled after `fit`, and a stage run with no model runs the Trainer's model as it is now
-  (compiled, or made plain since with `to_uncompiled`, or compiled by the user with
-  `from_compiled`). A model passed compiled again is compiled afresh from its own steps (master
-  compiled its compiled steps over again, so `to_uncompiled` did not give the plain model back).
-- A run refused before the strategy's setup (a strategy that cannot run compiled) or that fails
-  before it (a `setup` hook that raises) leaves the model plain, and a refused model is not
-  attached to the Trainer; master compiled the steps when the model was passed in.
-- The arguments are the ones Fabric captured from `torch.compile`, which since the previous
-  patch (the fix of Fabric's capture, which this one needs) keep the user's backend object
-  itself: a backend that counts graphs or holds state (a `CompileCounter`) sees the run's
-  graphs, as it did on master. Without that patch the steps would be compiled with a copy of it
-  (a review saw 9 of its then 11 CPU tests, which count graphs with such a backend, fail).
-- The strategy check of `_verify_strategy_supports_compile` is now
-  `_verify_strategy_can_compile`, which the Trainer also calls when it unwraps a compiled model,
-  since the unwrapped model is not compiled yet. The message and the strategies refused are
-  unchanged.
-- On every torch Lightning supports (2.1 and later), with no private torch name beyond
-  `torch._dynamo.OptimizedModule`, which master imports too.
+- Under such a launcher, the Trainer takes the LightningModule out of its `torch.compile`
+  wrapper with Fabric's `_unwrap_compiled`, which returns the arguments that Fabric's capture of
+  `torch.compile` recorded. The plain model is pickled, and each process compiles its steps with
+  those arguments (`from_compiled`) right after `strategy.setup`, before any hook runs a step
+  (the tuner's trials run in `on_fit_start`). The model of the main process stays plain, as
+  everything the processes change of the model does. The strategy check of a compiled model
+  (`_verify_strategy_supports_compile`, now `_verify_strategy_can_compile` with the same message)
+  runs for the unwrapped model too.
+- A model whose arguments are unknown (compiled before `lightning` was imported) cannot be
+  compiled in each process: under such a launcher the Trainer warns that its launch will fail to
+  pickle it, and why, and otherwise runs it as before.
+- Every other launcher (none, `ddp`'s subprocess launcher, `ddp_fork`, `ddp_notebook`) is
+  unchanged: the steps are compiled when the model is passed in and stay compiled after the run.
+- A model passed compiled a second time (`fit(torch.compile(model))` twice) had its compiled
+  steps compiled over again, so `to_uncompiled` did not give the plain model back. Its earlier
+  compile is now undone first, on every launcher, and its own steps are compiled.
 
-**Why not the wrapper.** #20269 compiled the DDP wrapper, as Fabric does by default since
-#19382, for DDP's "pre/post forward also compiled". Under DDP's default C++ reducer that does not
-happen on any torch tested (2.6.0 to 2.14.1): Dynamo skips DDP's `forward` or breaks at
-`_inside_ddp_forward`, and DDP's `_pre_forward`/`_post_forward` run as Python at every step
-whether the wrapper or the steps are compiled (their frames counted with `sys.setprofile`). An
-earlier version of this patch compiled the wrapper, and it cost more Dynamo work for the same
-graph (22 frames converted and 2 graph breaks in DDP's code, against 1 frame and none), three
-private torch names to keep a process's later fits compiled, and no measured speed-up on CPU.
-#20242, which #20269 meant to fix, ran DDP's python reducer with compiled autograd, where torch
-inlines DDP's forward into a compiled wrapper; its crash is gone from torch since 2.7
-(pytorch#147123), and compiling the wrapper for that mode is left to a change of its own, with
-GPU numbers. So this PR does not claim to fix #20242. The record points both ways: lantiga on
-#15922 ("probably compile(ddp(orig model)) is the way to go for distributed") and Fabric's
-default (#19382) for compiling the wrapper; carmocca on #17250 ("Right now there are barely any
-optimizations from compiling the wrapped module [...] This might change in the future") against.
-The compile docs' limitation ("does not reapply `torch.compile` over DDP/FSDP") now says what the
-Trainer compiles.
+It needs the previous patch (the fix of Fabric's capture), so that the arguments hold the user's
+backend object itself, not a copy.
 
-**Tests.** `test_trainer_reapply_compile.py`, with no `min_torch` but for the
-`ModelParallelStrategy` test (2.4, which the strategy needs), run on torch 2.1.2, 2.6.0 and
-2.13. On master 4 of its tests fail (counting each parameter): `ddp_spawn` on two processes,
-whose pickling of a compiled model failed; a model passed compiled a second time, whose
-compiled steps master compiled over again (2); and the warning for a model compiled before
-`lightning` was imported. The others pass on master and guard what the re-apply must keep: the
-steps compiled inside the DDP wrapper (a forward pre-hook on it sees no compile, and each step
-ran its graph), weights equal to eager, the tuner's trials compiled (a compile after the
-`on_fit_start` hooks fails it), each stage compiling its steps once, master's `ValueError` for
-a compiled module that is not a LightningModule, a plain model passed after a compiled one
-running plain, a module compiled twice running the compile passed in (from torch 2.6 the module
-inside keeps the latest compile's arguments), and master's refusal of a strategy that cannot
-run a compiled model (`ModelParallelStrategy`, on CPU: the check moved to the unwrap). The file
-also fails on two mutants of this patch: one that keeps master's placement (the model passed in
-is not unwrapped: 4 failures) and one that compiles after the `on_fit_start` hooks (2). It is
-14 tests on CPU (about a minute on 2 cores) and 2 on 2 GPUs. In Lightning's
-`utilities/test_compile.py`, two tests mock the Trainer's run and asserted the model compiled
-after `fit`: the compile now happens in the run, so they assert it is not compiled yet;
-`test_trainer_compiled_model_test`, which runs, asserts the model stays compiled after the run,
-and runs as it is now in a `trainer.test(ckpt_path=...)` with no model: plain, after
-`to_uncompiled` (a compile of the Trainer's model in every stage would fail it).""",
+Not in this PR: compiling the strategy's wrapper (DDP, FSDP) after the setup, as Fabric does by
+default (#19382) and as #20269 proposed. That changes what every distributed user runs, and
+#20269 was closed, so it is a separate change that needs a maintainer decision first.
+
+**Tests.** `test_trainer_reapply_compile.py`, 6 tests on CPU (2 processes where a launcher runs).
+On master 4 fail: `ddp_spawn` with a compiled model (which also runs the tuner's trials,
+compiled, in each process), a model passed compiled a second time (2), and the warning for
+unknown arguments under `ddp_spawn`, with none on one device. Two `ddp_fork` tests pass on master
+and guard what must not change: `test(model)` after `fit(torch.compile(model))` runs compiled on
+each rank, and `to_uncompiled(model)` works after `fit`. The file also fails on two mutants of
+this patch: no unwrap (master's placement) and the compile after the `on_fit_start` hooks.""",
     modules=("compile_connector",),
     tests=(_REAPPLY_TESTS,),
     edits=(
@@ -545,67 +465,43 @@ and runs as it is now in a `trainer.test(ckpt_path=...)` with no model: plain, a
             "        self._compile_connector.compile()\n\n",
         ),
         ReplaceDef(COMPILE_UTILS, "_verify_strategy_supports_compile", then=("_verify_strategy_can_compile",)),
-        Replace(
-            COMPILE_TESTS,
-            '    trainer.fit(compiled_model)\n    assert trainer.model._compiler_ctx["compiler"] == "dynamo"\n',
-            "    trainer.fit(compiled_model)\n"
-            "    # the steps are compiled after the strategy's setup, in the run, which this test mocks\n"
-            "    assert trainer.model._compiler_ctx is None\n",
-            count=2,
-        ),
-        Replace(
-            COMPILE_TESTS, "    trainer.test(compiled_model)\n", f"    trainer.test(compiled_model)\n{_STAYS_COMPILED}"
-        ),
-        Replace(CHANGELOG, "### Changed\n\n-\n", f"### Changed\n\n{_REAPPLIED}"),
         *_changelog_fixed(_FIXED_SPAWN, 1),
         _section_before("Avoid graph breaks", "reapply_compile"),
-        Replace(
-            COMPILE_DOCS,
-            _LIMITATION_DDP,
-            "* The Trainer compiles a compiled model's steps, which run inside the wrapper of"
-            " :class:`~lightning.pytorch.strategies.DDPStrategy` or"
-            " :class:`~lightning.pytorch.strategies.FSDPStrategy`, not the wrapper itself (see `Compiled again after"
-            " the strategy sets up the model`_ above): under DDP, PyTorch runs DDP's own pre- and post-forward outside"
-            " the graph whichever of the two is compiled.\n"
-            "  With :class:`~lightning.pytorch.strategies.model_parallel.ModelParallelStrategy`, the model can be"
-            " compiled in ``configure_model`` instead, as described in `Apply torch.compile in configure_model`_"
-            " above.\n",
-        ),
     ),
 )
 
 USE_COMPILE = Patch(
     subject="Add `Trainer(use_compile=...)` to compile any model after the strategy sets it up",
     body="""\
-#20242 asks for a flag. With the previous patch a compiled model passed in is compiled again
-after the strategy's setup; `Trainer(use_compile=True | dict)` does the same for any model, with the
+#20242 asks for a flag. `Trainer(use_compile=True | dict)` compiles any model's steps right after
+the strategy's setup, as the previous patch does for a compiled model under `ddp_spawn`, with the
 defaults of `torch.compile` or with the arguments in the dict, which `torch.compile` itself
 checks when the Trainer is built (a dry call that builds the backend), so that a typo fails at
-`Trainer(...)` rather than minutes into the run. `use_compile=False` compiles nothing. What the
-Trainer compiles of a model passed in plain, it undoes in `_teardown`, on every path (after a
-step that raised too): the model is plain again after the run, and pickles. A compiled model
-passed in without the flag stays compiled after the run, as with the previous patch; with the
+`Trainer(...)` rather than minutes into the run. `use_compile=False`, like the default `None`,
+means the Trainer compiles nothing of its own: a model compiled by hand runs exactly as without
+the flag. What the Trainer compiles of a model passed in plain, it undoes in `_teardown`, on
+every path (after a step that raised too): the model is plain again after the run, and pickles.
+A compiled model passed in without the flag stays compiled after the run, as on master; with the
 flag, the Trainer compiles it with the flag's arguments, and undoes that too.
 
 Who needs a flag rather than `fit(torch.compile(model))`: LightningCLI and YAML configs, which
 build the model and cannot wrap it in `torch.compile` (#17283 got CLI workarounds), and
 libraries that build their own Trainer from their user's Trainer arguments. That is the one
-case the previous patch does not cover. lantiga's comment in the review of #20269, which argued
-against a flag there ("I don't think we need reapply_compile, we will want this whenever we have
-an optimized model in input"), is what the previous patch does for a compiled model. A model whose
-layers are built in `configure_model` does not need the flag (`torch.compile` is lazy:
-`fit(torch.compile(model))` compiles them), nor does `validate` after `fit` (the Trainer
-compiles its model again).
+case that passing `torch.compile(model)` does not cover. lantiga's comment in the review of
+#20269 argued against a flag there ("I don't think we need reapply_compile, we will want this
+whenever we have an optimized model in input"): about a compiled model passed in, which needs
+none. A model whose layers are built in `configure_model` does not need the flag
+(`torch.compile` is lazy: `fit(torch.compile(model))` compiles them), nor does `validate` after
+`fit` (the model's steps stay compiled).
 
 The question for the maintainers: #15914 (`Trainer(compile=...)`) was closed for #15922 ("pass
 `torch.compile(model)`"). With the previous patch merged, is a Trainer argument worth having for
 configuration-driven compiles? The alternatives, without one:
-- `fit(torch.compile(model))`, which the previous patch compiles after the setup: a config-built
-  model cannot be wrapped without code (a custom `LightningCLI` subclass, a library's option);
+- `fit(torch.compile(model))`: a config-built model cannot be wrapped without code (a custom
+  `LightningCLI` subclass, a library's option);
 - a `compile` hyperparameter of the LightningModule that compiles its own submodules (in
-  `__init__` or `configure_model`): it works from a YAML config today, with no Trainer change,
-  and under DDP's C++ reducer compiling before the wrap costs nothing measurable (previous
-  patch). It is the strongest alternative: what it lacks is one switch for any model, such as a
+  `__init__` or `configure_model`): it works from a YAML config today, with no Trainer change.
+  It is the strongest alternative: what it lacks is one switch for any model, such as a
   library's, whose code the user does not write;
 - a `Callback` that compiles `trainer.strategy.model`, which a config sets through
   `trainer.callbacks`: its `setup` runs before the strategy's, and its `on_fit_start` after the
@@ -621,14 +517,13 @@ arguments, which change between torch versions (2.13 added `recompile_limit` and
 If the answer is no, this patch stays out and the previous one stands alone.
 
 Proposed for the review, each a small change if the maintainers prefer otherwise:
-- three values: `None` (default: a compiled model passed in is compiled after the setup), `True`
-  or a dict (every model compiled after the setup), `False` (nothing compiled). A reviewer found
-  them confusing: in a YAML config `use_compile: false` reads as "do not compile", where it also
-  refuses a model compiled by hand. The previous behaviour for a compiled model, its steps
-  compiled when it is passed in, stays reachable without the flag:
-  `fit(from_compiled(torch.compile(model)))`.
-- A model compiled by hand that the flag disagrees with (`False`, other arguments once
-  `torch.compile`'s defaults are left out, with a `None` read as what it stands for:
+- three values: `True` or a dict (every model compiled after the setup), and `None` (default)
+  or `False`, which mean the same: the Trainer compiles nothing of its own, and a model compiled
+  by hand runs as without the flag. (An earlier version refused a compiled model with `False`;
+  a reviewer pointed out that a YAML `use_compile: false` added to a script that passes
+  `torch.compile(model)` then broke it.)
+- With `True` or a dict, a model compiled by hand that the flag disagrees with (other arguments
+  once `torch.compile`'s defaults are left out, with a `None` read as what it stands for:
   `backend=None` is inductor; `from_compiled`; or compiled before `lightning` was imported) is
   refused when the run starts, before anything runs, rather than one of the two compiles picked
   with a warning. The same arguments are taken: compiled once.
@@ -731,11 +626,12 @@ compiled, the code that runs share (torch's, Lightning's, the model's classes') 
 run grew past half of Dynamo's recompile limit is reset, so that a process that fits many models
 compiles every fit without `torch.compiler.reset()`; a function the user compiled keeps its
 entries (a compiled torch module or a compiled method of the model called with many shapes
-during the run does not: it compiles again after it). A compiled model passed in is undone
-after the run too, as the package does (upstream, the re-apply leaves it compiled, as master
-does): it is plain after the run, and the Trainer warns when it comes back without its
-`torch.compile` wrapper to a later stage, which then runs uncompiled. This patch adds no
-feature.""",
+during the run does not: it compiles again after it). A distribution that turns features on
+for a compiled model passed in without `use_compile` (`_CompileConnector.input_defaults`, empty
+here) has it unwrapped under every launcher, compiled after the setup and undone after the run,
+since the features act on that compile; the Trainer then warns when the model comes back without
+its `torch.compile` wrapper to a later stage, which runs uncompiled. With `input_defaults` empty,
+a compiled model passed in runs as with the previous patches. This patch adds no feature.""",
     modules=("compile_features", "compile_connector", "compile_features._torch_surface"),
     layers=("features",),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
@@ -752,12 +648,6 @@ feature.""",
             COMPILE_DOCS,
             "The dict takes the arguments of ``torch.compile``",
             "\nThe features below each take a key of the dict of their own, and do nothing unless it is set.\n",
-        ),
-        InsertAfter(CHANGELOG, _REAPPLIED.splitlines()[0][:60], f"\n{_UNDONE}"),
-        Replace(
-            COMPILE_TESTS,
-            f"    trainer.test(compiled_model)\n{_STAYS_COMPILED}",
-            "    trainer.test(compiled_model)\n    assert model._compiler_ctx is None  # undone after the run\n",
         ),
     ),
 )
@@ -1038,11 +928,11 @@ Trainer's own `inference_mode` is put back after it.""",
             "  The last batch in your training loop will be smaller and trigger a recompilation.",
             _doc("evaluation_no_grad"),
         ),
-        InsertAfter(
+        Replace(
             CHANGELOG,
-            "- A `torch.compile`-d model passed to the Trainer now has its steps compiled",
-            '\n- Added `Trainer(use_compile={"no_grad_evaluation": True})` to run `validate`, `test` and `predict`'
-            f" under `torch.no_grad` while the Trainer compiles {ISSUE}\n",
+            "### Changed\n\n-\n",
+            '### Changed\n\n- Added `Trainer(use_compile={"no_grad_evaluation": True})` to run `validate`, `test` and'
+            f" `predict` under `torch.no_grad` while the Trainer compiles {ISSUE}\n",
         ),
     ),
 )

@@ -19,10 +19,9 @@ DOC = """\
 use_compile: Compile the model with ``torch.compile`` after the strategy has set it up (wrapped it
     in DDP or FSDP), in every stage (fit, validate, test, predict), before any hook runs a step.
     ``True`` uses the defaults of ``torch.compile``; a dict passes its keys to ``torch.compile``
-    (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``, ...). ``False`` compiles
-    nothing. With ``None``, a model that was compiled before it was passed to the Trainer is
-    compiled again with the same arguments after the setup; otherwise a model compiled by hand is
-    refused, unless with the same arguments.
+    (``backend``, ``mode``, ``fullgraph``, ``dynamic``, ``options``, ...); a model compiled by hand
+    is refused, unless with the same arguments. With ``None`` or ``False`` the Trainer compiles
+    nothing of its own: a model compiled with ``torch.compile`` runs compiled.
     Default: ``None``."""
 
 

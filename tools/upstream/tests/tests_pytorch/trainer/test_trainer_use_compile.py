@@ -303,6 +303,20 @@ def test_use_compile_false_compiles_nothing(tmp_path):
 
 
 @RunIf(min_torch="2.6", dynamo=True)
+def test_use_compile_false_runs_a_model_compiled_by_hand_as_without_the_flag(tmp_path):
+    """``False`` means the Trainer compiles nothing of its own: a YAML ``use_compile: false`` added to a script that
+    passes ``torch.compile(model)`` changes nothing."""
+    runs = []
+    for use_compile in (None, False):
+        model, backend = RecordsCompiling(), CountingBackend()
+        trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **_TRAINER_KWARGS)
+        trainer.fit(torch.compile(model, backend=backend))
+        runs.append((model.compiling, backend.graphs, model._compiler_ctx is None))
+    assert runs[0] == runs[1]  # what ran compiled, the graphs compiled, and the model as it is left
+    assert runs[1][0] == [True, True]  # each training step ran compiled
+
+
+@RunIf(min_torch="2.6", dynamo=True)
 @pytest.mark.parametrize("off", ["disable", "TORCHDYNAMO_DISABLE"])
 def test_use_compile_trains_uncompiled_where_torch_compiles_nothing(tmp_path, off, monkeypatch, caplog):
     """``torch.compile`` returns the module itself with ``disable=True`` and under ``TORCHDYNAMO_DISABLE=1``."""
@@ -369,15 +383,12 @@ def _compiled_before_lightning_was_imported(model):
         (lambda model: from_compiled(torch.compile(model, backend="eager")), "compiled with `from_compiled`"),
     ],
 )
-@pytest.mark.parametrize(
-    ("use_compile", "asks"), [({"backend": "eager"}, "a compile of its own"), (False, "no compile")]
-)
-def test_use_compile_refuses_a_model_compiled_otherwise(tmp_path, compile_by_hand, match, use_compile, asks):
+def test_use_compile_refuses_a_model_compiled_otherwise(tmp_path, compile_by_hand, match):
     """Before the run: which of the two compiles to run is not guessed."""
     model = BoringModel()
     weights = _weights(model)
-    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, **_TRAINER_KWARGS)
-    with pytest.raises(ValueError, match=f"{match}.*asks for {asks}. Pass the uncompiled model"):
+    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS)
+    with pytest.raises(ValueError, match=f"{match}.*asks for a compile of its own. Pass the uncompiled model"):
         trainer.fit(compile_by_hand(model))
     assert trainer.global_step == 0
     for expected, actual in zip(weights, _weights(model), strict=True):
