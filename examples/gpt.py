@@ -28,6 +28,9 @@ class GPTConfig:
     vocab_size: int = 256
     batch_size: int = 8
     samples: int = 256
+    #: ``"gpt2"``: LayerNorm and a GELU MLP; ``"llama"``: RMSNorm written in tensor ops and a SwiGLU MLP, the layout of
+    #: most recent models, whose many small element-wise steps are what a compiler fuses (the demo's model on CPU)
+    block: str = "gpt2"
 
     @classmethod
     def gpt2_small(cls, **overrides: Any) -> "GPTConfig":
@@ -58,6 +61,37 @@ class Block(nn.Module):
         return x + self.fc_out(F.gelu(self.fc(self.ln_2(x))))
 
 
+class RMSNorm(nn.Module):
+    """Root-mean-square normalization, written as most models write it: several element-wise steps."""
+
+    def __init__(self, width: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class LlamaBlock(Block):
+    """Pre-norm attention and a SwiGLU MLP, with RMSNorm: the attention of :class:`Block`, another MLP."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        self.ln_1, self.ln_2 = RMSNorm(config.n_embd), RMSNorm(config.n_embd)
+        self.fc = nn.Linear(config.n_embd, 2 * 4 * config.n_embd, bias=False)  # the gate and the value
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, time, channels = x.shape
+        q, k, v = self.attn(self.ln_1(x)).split(channels, dim=2)
+        heads = (batch, time, self.n_head, channels // self.n_head)
+        q, k, v = (t.view(heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).contiguous().view(batch, time, channels))
+        gate, value = self.fc(self.ln_2(x)).chunk(2, dim=-1)
+        return x + self.fc_out(F.silu(gate) * value)
+
+
 class GPT(nn.Module):
     """Embeddings, ``n_layer`` blocks, the final norm and the head."""
 
@@ -65,7 +99,8 @@ class GPT(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        block = {"gpt2": Block, "llama": LlamaBlock}[config.block]
+        self.blocks = nn.ModuleList(block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.apply(self._init_weights)
