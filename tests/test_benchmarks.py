@@ -132,7 +132,7 @@ def test_bench_table_compares_each_path_with_its_own_strategys_baselines():
 
 
 @pytest.mark.package_only
-def test_optimize_ddp_and_regions_depth_and_zero_cost_tables_from_known_numbers():
+def test_optimize_ddp_and_regions_depth_and_zero_cost_and_host_cost_tables_from_known_numbers():
     optimize_ddp = benchmark_script("optimize_ddp")
     ok = {"status": "ok", "graphs": 1, "graph_breaks_other": 0, "first_step_s": 1.0}
     results = {
@@ -184,6 +184,17 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_tables_from_known_numbers(
     summary = zero_cost.summarize(samples)
     assert summary["construct_ms"]["ratio_of_medians"] == pytest.approx(0.5)
     assert summary["fit_ms"]["median_paired_ratio"] == pytest.approx(1.0)
+
+    host_cost = benchmark_script("host_cost")
+    p10 = dict.fromkeys(host_cost.paths(), 1000.0)
+    p10.update({"plain loop, eager": 200.0, "plain loop, `torch.compile`": 300.0, "Lightning, eager": 1000.0})
+    p10.update({"Lightning, `fit(torch.compile(m))`": 900.0, "`use_compile=True`": 850.0})
+    p10.update({"`use_compile`, every own key off": 810.0, "`use_compile`, only `summary` on": 830.0})
+    text = host_cost.markdown({**host_cost.new_report("host_cost", [], rounds=1, steps=9), "p10_us": p10})
+    assert "| `use_compile=True` | 850 | 0.85x |" in text
+    assert "Lightning's own compiled path: 0.94x; against the plain compiled loop: +550 µs" in text
+    assert "The package's own keys together: +40 µs per step, 5.0% of what Lightning's loop adds" in text
+    assert "| summary | +20 |" in text
 
 
 @pytest.mark.slow

@@ -388,3 +388,31 @@ def test_a_step_with_no_tensor_work_is_labelled_so_in_every_trainer():
             trainer.fit(FlagsOnly())
         causes.append(last_summary(trainer).eager_causes)
     assert causes == [{"no tensor work": 2}] * 2
+
+
+class TestCallsPredict(BoringModel):
+    """`test_step` calls `self.predict_step`, a common pattern: the call is traced as the user wrote it."""
+
+    def predict_step(self, batch, batch_idx=0):
+        return self.layer(batch)
+
+    def test_step(self, batch, batch_idx):
+        loss = self.predict_step(batch, batch_idx).sum()
+        self.log("test_loss", loss)
+        return loss
+
+
+def test_a_step_that_calls_another_step_traces_that_step_as_written():
+    # bug: Dynamo traced the package's wrappers of `predict_step` inside `test_step`: torch warned that it "does not
+    # know how to trace the builtin `time.perf_counter`", the step had 2 graph breaks and a recompile, and the first
+    # step's time was reported before the step had run
+    backend = CountingBackend("calls_predict")
+    trainer = Trainer(use_compile={"backend": backend}, limit_test_batches=4, **QUIET)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.test(TestCallsPredict())
+    assert not [w for w in caught if "perf_counter" in str(w.message)]
+    summary = last_summary(trainer)
+    assert (summary.graphs, summary.recompiles, summary.graph_breaks) == (1, 0, 0)
+    assert summary.compiled_steps == {"evaluation": 4}
+    assert backend.calls == 4

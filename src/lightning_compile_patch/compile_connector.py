@@ -385,7 +385,14 @@ class _CompileConnector:
             return compiled
         for feature in sorted(self._active, key=lambda feature: feature.order):
             compiled = feature.wrap(self, compiled, original, module_call)
-        return functools.update_wrapper(functools.partial(compiled), original, updated=())
+        wrapped = compiled
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():  # called from a step being traced (`test_step` calls `predict_step`)
+                return original(*args, **kwargs)  # traced as written, not through the features' wrappers
+            return wrapped(*args, **kwargs)
+
+        return functools.update_wrapper(step, original, updated=())
 
     def replace(self, target: Any, name: str, value: Any, scope: _Scope = "compile") -> None:
         """Sets ``target.name`` to ``value`` until the end of ``scope``, then puts back what was there.

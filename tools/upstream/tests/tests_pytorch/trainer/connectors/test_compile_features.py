@@ -157,6 +157,34 @@ def test_a_model_pickled_or_copied_during_the_run_is_the_model_as_it_was_before(
     assert "__getstate__" not in vars(model)
 
 
+def test_a_step_called_from_a_traced_step_is_traced_as_written(monkeypatch, tmp_path):
+    # `test_step` calling `self.predict_step` traced the features' wrappers of `predict_step` into the graph
+    calls = []
+
+    class _CountsCalls(_CompileFeature):
+        keys = {"counts_calls": "a feature for the tests"}
+
+        def wrap(self, connector, compiled, original, module_call):
+            def counted(*args, **kwargs):
+                calls.append(original.__name__)
+                return compiled(*args, **kwargs)
+
+            return counted
+
+    class CallsPredict(BoringModel):
+        def predict_step(self, batch, batch_idx=0):
+            return self.layer(batch)
+
+        def test_step(self, batch, batch_idx):
+            return self.predict_step(batch).sum()
+
+    monkeypatch.setattr(compile_connector, "_feature_classes", lambda: (_CountsCalls,))
+    use_compile = {"backend": "eager", "counts_calls": True}
+    trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, limit_test_batches=2, **_TRAINER_KWARGS)
+    trainer.test(CallsPredict())
+    assert calls == ["test_step", "test_step"]
+
+
 def test_a_feature_derives_the_run_arguments_as_a_new_value(probe, tmp_path):
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager", "probe": True}, **_TRAINER_KWARGS)
     connector = trainer._compile_connector
