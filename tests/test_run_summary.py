@@ -416,3 +416,13 @@ def test_a_step_that_calls_another_step_traces_that_step_as_written():
     assert (summary.graphs, summary.recompiles, summary.graph_breaks) == (1, 0, 0)
     assert summary.compiled_steps == {"evaluation": 4}
     assert backend.calls == 4
+
+
+@pytest.mark.parametrize("backend", [exploding_backend, "exploding backward"])
+def test_a_first_step_that_fails_to_compile_reports_no_time(backend, caplog):
+    # bug: "the first compiled training step took 6.1 s" was logged for a step that crashed
+    backend = _exploding_backward() if backend == "exploding backward" else backend
+    with caplog.at_level("INFO"), pytest.raises(RuntimeError, match="could not compile"):
+        Trainer(use_compile={"backend": backend, "dynamic": False}, **FIT).fit(BoringModel())
+    assert "compiling the first training step" in caplog.text
+    assert "step took" not in caplog.text

@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, cast
 import torch
 from lightning_utilities.core.imports import compare_version
 
+from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 from lightning_compile_patch.compile_features import _torch_surface as surface
@@ -429,7 +430,11 @@ class _CompileReport:
                 self._announce_start(training)
             elif self._first_step[training] is not None:
                 self._announce_done(training)  # a training step ends after its backward: at the next call
-            out = compiled(*args, **kwargs)
+            try:
+                out = compiled(*args, **kwargs)
+            except BaseException:
+                self._first_step[training] = None  # a step that raised took no time to report
+                raise
             if not training and self._first_step.get(training) is not None:
                 self._announce_done(training)
             return out
@@ -532,12 +537,12 @@ class _CompileReport:
         rank_zero_info(f"`use_compile`: the first compiled {kind} step took {_clock() - started:.1f} s.")
         self._first_step[training] = None
 
-    def finish(self) -> _CompileSummary:
-        """Fills in the summary and logs it."""
+    def finish(self, completed: bool) -> _CompileSummary:
+        """Fills in the summary and logs it; ``completed``: the run ended without an error."""
         self.summary.fell_back = self.fell_back()
         self.summary.notes = self.notes()
         for training, started in self._first_step.items():
-            if started is not None:
+            if started is not None and completed:  # the step ended (a training step's backward too)
                 self._announce_done(training)
         summary = self.summary
         summary.graphs = surface.graphs_compiled() - self._graphs_before
@@ -596,7 +601,7 @@ class _RunSummary(_CompileFeature):
     def teardown(self, connector: _CompileConnector) -> None:
         report, self._report = self._report, None
         if report is not None:
-            connector.last_summary = report.finish()
+            connector.last_summary = report.finish(connector.trainer.state.status != TrainerStatus.INTERRUPTED)
 
 
 FEATURE = _RunSummary
