@@ -252,7 +252,9 @@ class _CompileConnector:
                 " wrapper, so this stage runs it uncompiled. Pass the compiled model, or no model, to run it compiled."
             )
         # [/ladder]
-        self._input_kwargs = None
+        # [ladder !features] if model is not self.trainer.lightning_module:  # the same model: compiled, as on fork
+        # [ladder !features]     self._input_kwargs = None
+        self._input_kwargs = None  # [ladder features]
         # [ladder use_compile]
         if self.enabled:  # `use_compile=False` compiles nothing of its own: a model compiled by hand runs as without it
             # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)

@@ -346,6 +346,11 @@ the module inside stays, as before: a copy or a pickle of the compiled module (F
 `compiled._compile_kwargs = None`, which sets the module inside's, no longer hides the compiled
 module's own: `test_unwrap_compiled` used it to stand for a module compiled before `lightning`
 was imported, and now compiles one without the capture (`torch.compile.__wrapped__`) instead.
+One consequence to weigh: the module inside now holds the backend object itself, so a backend
+that cannot be pickled (one holding a lock) makes the plain module unpicklable too
+(`pickle.dumps(model)` raises where master raised at `torch.compile`). Keeping the module
+inside's copy out of its pickled state would fix that, and lose the arguments of a pickled
+compiled module; this patch leaves it for review.
 
 **Tests.** Six in `tests_fabric/test_wrappers.py`: on master, four fail (the backend object
 compiled again, a backend that cannot be copied, the values of `options` copied, two compiles of

@@ -169,6 +169,21 @@ def test_ddp_fork_tests_the_model_compiled_after_fit_as_before(tmp_path):
 
 
 @RunIf(dynamo=True, skip_windows=True)
+def test_ddp_spawn_tests_the_model_passed_compiled_to_fit_compiled_as_ddp_fork_does(tmp_path):
+    """The main process's model stays plain under ``ddp_spawn``: passed again to a later stage, it is the model that
+    was passed compiled, and each process compiles its steps, as ``ddp_fork`` and one device run it compiled."""
+    model = GraphCallsOfEachRank(CountingBackend(), out=tmp_path)
+    trainer = Trainer(default_root_dir=tmp_path, strategy="ddp_spawn", **_TWO_PROCESSES)
+    trainer.fit(torch.compile(model, backend=model.backend))
+    trainer.test(model)
+    assert model.seen() == [{"test": [1, 1]}] * 2
+    (tmp_path / "other").mkdir()
+    other = GraphCallsOfEachRank(model.backend, out=tmp_path / "other")
+    trainer.test(other)  # another model, passed plain, runs plain
+    assert other.seen() == [{"test": [0, 0]}] * 2
+
+
+@RunIf(dynamo=True, skip_windows=True)
 def test_ddp_fork_leaves_the_model_compiled_after_fit_as_before(tmp_path):
     model = BoringModel()
     trainer = Trainer(default_root_dir=tmp_path, strategy="ddp_fork", **_TWO_PROCESSES)
