@@ -246,15 +246,16 @@ class _CompileConnector:
     def unwrap(self, model: Any) -> Any:
         """Unwraps a compiled model that the launcher pickles (``ddp_spawn``), to compile it in each process instead."""
         # [ladder features]
-        if model is self.trainer.lightning_module and self._input_kwargs is not None:
+        if model is self.trainer.lightning_module and self._input_kwargs is not None and self.input_defaults:
             rank_zero_warn(
                 "The model was passed compiled to an earlier stage of this Trainer, and now without its `torch.compile`"
                 " wrapper, so this stage runs it uncompiled. Pass the compiled model, or no model, to run it compiled."
             )
         # [/ladder]
         # [ladder !features] if model is not self.trainer.lightning_module:  # the same model: compiled, as on fork
-        # [ladder !features]     self._input_kwargs = None
-        self._input_kwargs = None  # [ladder features]
+        # (with `input_defaults`, the run made the model plain again: passed plain, it runs plain)  # [ladder features]
+        if model is not self.trainer.lightning_module or self.input_defaults:  # [ladder features]
+            self._input_kwargs = None
         # [ladder use_compile]
         if self.enabled:  # `use_compile=False` compiles nothing of its own: a model compiled by hand runs as without it
             # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)
