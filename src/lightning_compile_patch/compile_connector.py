@@ -244,7 +244,7 @@ class _CompileConnector:
 
     # [/ladder]
     def unwrap(self, model: Any) -> Any:
-        """Unwraps a compiled model that the launcher pickles (``ddp_spawn``), to compile it in each process instead."""
+        """Unwraps a compiled model the launcher pickles (``ddp_spawn``): each process compiles it instead."""
         # [ladder features]
         if model is self.trainer.lightning_module and self._input_kwargs is not None and self.input_defaults:
             rank_zero_warn(
@@ -606,7 +606,7 @@ def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any])
 
 
 def _compiles_nothing(kwargs: Mapping[str, Any]) -> bool:
-    """Whether ``torch.compile`` with ``kwargs`` returns the module itself: ``disable=True``, ``TORCHDYNAMO_DISABLE=1``.
+    """Whether ``torch.compile`` with ``kwargs`` returns the module itself (``disable=True``, Dynamo off).
 
     If so, says that the run trains uncompiled, and why.
 

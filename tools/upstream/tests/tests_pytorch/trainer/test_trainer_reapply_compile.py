@@ -12,9 +12,12 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """Under ``strategy="ddp_spawn"``, which pickles the model for its processes, a `torch.compile`-d model passed to the
-Trainer is unwrapped before the launch, and each process compiles its steps after the strategy's setup. Under any other
-launcher Lightning compiles the steps when the model is passed in, as before; a model passed compiled a second time has
-its own steps compiled, not its compiled ones."""
+Trainer is unwrapped before the launch, and each process compiles its steps after the strategy's setup.
+
+Under any other launcher Lightning compiles the steps when the model is passed in, as before; a model passed compiled a
+second time has its own steps compiled, not its compiled ones.
+
+"""
 
 import inspect
 import json
@@ -74,7 +77,11 @@ class CountingBackend:
 
 class GraphCallsOfEachRank(BoringModel):
     """Counts the compiled graphs each training and test batch ran, and writes them to ``out`` at the end of each
-    stage, in each process: the processes run the stages. In the model, since the tuner swaps the callbacks."""
+    stage, in each process: the processes run the stages.
+
+    In the model, since the tuner swaps the callbacks.
+
+    """
 
     def __init__(self, backend, out):
         super().__init__()
@@ -105,7 +112,11 @@ class GraphCallsOfEachRank(BoringModel):
 @RunIf(dynamo=True, skip_windows=True)
 def test_ddp_spawn_runs_a_compiled_model_compiled_in_each_process(tmp_path):
     """``ddp_spawn`` pickles the model, and master compiled its steps before the launch: "Can't pickle
-    BoringModel.forward". Each process compiles them before any hook runs a step: the tuner's trials run compiled."""
+    BoringModel.forward".
+
+    Each process compiles them before any hook runs a step: the tuner's trials run compiled.
+
+    """
     model = GraphCallsOfEachRank(CountingBackend(), out=tmp_path)
     finder = LearningRateFinder(num_training_steps=2, early_stop_threshold=None)
     kwargs = {**_TWO_PROCESSES, "limit_train_batches": 4, "max_steps": 2}
@@ -140,7 +151,11 @@ def test_a_model_passed_compiled_again_is_compiled_from_its_own_steps(tmp_path, 
 @RunIf(dynamo=True, skip_windows=True)
 def test_unknown_compile_arguments_warn_only_where_the_launcher_pickles_the_model(tmp_path):
     """Compiled before ``lightning`` was imported, a model cannot be compiled again in each process: its steps are
-    compiled as it is passed in, as on master, and ``ddp_spawn`` cannot pickle them. Elsewhere nothing changes."""
+    compiled as it is passed in, as on master, and ``ddp_spawn`` cannot pickle them.
+
+    Elsewhere nothing changes.
+
+    """
     uncaptured = inspect.unwrap(torch.compile)  # `torch.compile` without Lightning's capture of its arguments
     backend = CountingBackend()
     with warnings.catch_warnings(record=True) as caught:
