@@ -388,12 +388,11 @@ class _CompileConnector:
             return compiled
         for feature in sorted(self._active, key=lambda feature: feature.order):
             compiled = feature.wrap(self, compiled, original, module_call)
-        wrapped = compiled
 
         def step(*args: Any, **kwargs: Any) -> Any:
             if torch.compiler.is_compiling():  # called from a step being traced (`test_step` calls `predict_step`)
                 return original(*args, **kwargs)  # traced as written, not through the features' wrappers
-            return wrapped(*args, **kwargs)
+            return compiled(*args, **kwargs)
 
         return functools.update_wrapper(step, original, updated=())
 
