@@ -4,6 +4,8 @@ The seed of this project trains with DDP's python reducer and compiled autograd,
 option does it in each rank, under every launcher, and puts back what it changed.
 """
 
+import contextlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,8 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from lightning.pytorch.strategies import DDPStrategy
 
 DDP_FILE = "torch.nn.parallel.distributed"
+#: What building a DDP under its python reducer sets in inductor's config for the process.
+INDUCTOR_SETTINGS_DDP_SETS = ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
 
 
 class BatchNormModel(BoringModel):
@@ -207,6 +211,55 @@ def test_the_python_reducer_is_set_to_fit_only():
         assert record.seen[stage][0] != "python_reducer", stage
     assert torch._dynamo.config.optimize_ddp is True
     assert not compiled_autograd.compiled_autograd_enabled
+
+
+class PreForwardRunsAsPython(Callback):
+    """Counts, per training step, the calls of DDP's ``_pre_forward`` that ran as Python (its own frame)."""
+
+    def __init__(self) -> None:
+        self.per_step: list[int] = []
+        self._code = torch.nn.parallel.DistributedDataParallel._pre_forward.__code__
+
+    def on_train_batch_start(self, *_) -> None:
+        self.per_step.append(0)
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code is self._code:
+                self.per_step[-1] += 1
+
+        sys.setprofile(profile)  # traced code runs as a graph: its frames do not show here
+
+    def on_train_batch_end(self, *_) -> None:
+        sys.setprofile(None)
+
+
+@pytest.mark.parametrize("how", ["use_compile", "compiled model, the reducer set by hand"])
+def test_under_the_python_reducer_ddp_pre_forward_runs_compiled_at_every_step(how):
+    """The first seed's own setup: with DDP's python reducer, DDP's call is compiled, its ``_pre_forward`` with it.
+
+    Under DDP's C++ reducer the steps are compiled inside DDP's call, which runs as Python whatever compiles it; the
+    python reducer is the one setup where compiling the call traces DDP's own code.
+    """
+    probe = PreForwardRunsAsPython()
+    model = BoringModel()
+    by_hand = how != "use_compile"
+    if by_hand:
+        model, use_compile = torch.compile(model, backend="eager"), None
+    else:
+        use_compile = {"backend": "eager", "compiled_autograd": True}
+    trainer = Trainer(
+        strategy="ddp", use_compile=use_compile, max_steps=4, limit_val_batches=0, callbacks=[probe], **QUIET
+    )
+    with contextlib.ExitStack() as by_hand_settings:
+        if by_hand:  # the user's own settings, which DDP's python reducer adds to: put back for the next tests
+            by_hand_settings.enter_context(torch._dynamo.config.patch(optimize_ddp="python_reducer"))
+            fused = {name: getattr(torch._inductor.config, name) for name in INDUCTOR_SETTINGS_DDP_SETS}
+            by_hand_settings.enter_context(torch._inductor.config.patch(fused))
+            by_hand_settings.callback(trace_rules.get_legacy_mod_inlinelist.cache_clear)
+            by_hand_settings.callback(trace_rules.LEGACY_MOD_INLINELIST.discard, DDP_FILE)
+        trainer.fit(model)
+    assert probe.per_step[1:] == [0, 0, 0]  # the first step compiles: Dynamo runs the frame to trace it
+    assert trainer.strategy.model._compiled_call_impl is None  # the wrapper's compile ends with the run
 
 
 class ResetsTheReducer(BoringModel):

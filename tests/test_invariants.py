@@ -28,7 +28,7 @@ def test_ddp_keeps_its_type_so_lightning_isinstance_checks_hold():
     trainer = Trainer(strategy="ddp", use_compile=COMPILE, max_steps=2, callbacks=[probe], **QUIET)
     trainer.fit(LoggingModel())
     assert seen_type(probe, "train") is DistributedDataParallel
-    assert probe.seen["train"]["wrapper_compiled"]
+    assert probe.seen["train"]["compiled_steps"]  # compiled, inside the wrapper
 
 
 def seen_type(probe, stage):

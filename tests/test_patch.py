@@ -90,7 +90,8 @@ def test_pytorch_lightning_flavour_compiles_after_the_wrap():
     probe = StateProbe()
     trainer = ptl.Trainer(strategy="ddp", use_compile={"backend": backend}, max_steps=2, callbacks=[probe], **QUIET)
     trainer.fit(BoringModel())
-    assert probe.seen["train"]["wrapper_compiled"]
+    assert probe.seen["train"]["model_type"].__name__ == "DistributedDataParallel"
+    assert probe.seen["train"]["compiled_steps"] == ["predict_step", "test_step", "training_step", "validation_step"]
     assert backend.calls > 0
     assert (
         type(trainer._compile_connector).__module__

@@ -140,7 +140,7 @@ def test_a_fallback_puts_back_what_it_compiled_at_once_and_the_run_settings_at_t
     class Watching(LoggingModel):
         def training_step(self, batch, batch_idx):
             settings_during_steps.append(torch._dynamo.config.optimize_ddp)
-            compiled_during_steps.append(self.trainer.strategy.model._compiled_call_impl is not None)
+            compiled_during_steps.append(self._compiler_ctx is not None)  # the steps compiled with `from_compiled`
             return super().training_step(batch, batch_idx)
 
     model = Watching()

@@ -42,12 +42,10 @@ GRAPHS = {
     # for the batches of 8, then dynamic after the partial batch; validate: validation_step once more, for inference
     # tensors, with the batch size already dynamic; test, predict: a new code object each, static then dynamic
     "auto": {"fit": 2 + 2, "validate": 1, "test": 2, "predict": 2},
-    # DDP: while fitting, training runs through the wrapper's compiled call (static, dynamic), and validation through
-    # the validation step compiled on the module (static, dynamic), the one validate/test/predict run without the
-    # wrapper, as on one device: so validate's budget is one device's
+    # DDP: its call runs the same step methods, compiled on the module, as on one device
     "ddp": {"fit": 2 + 2, "validate": 1, "test": 2, "predict": 2},
 }
-CODE_OBJECTS = {"auto": 4, "ddp": 4}  # auto: the 4 step methods; ddp: the wrapper's call, then 3 step methods
+CODE_OBJECTS = {"auto": 4, "ddp": 4}  # the 4 step methods
 
 
 def graph_recompiles():

@@ -29,6 +29,7 @@ from typing import Union  # [ladder use_compile]
 
 import torch
 from torch._dynamo import OptimizedModule
+from torch.nn.parallel import DistributedDataParallel  # [ladder features]
 
 import lightning.pytorch as pl
 import lightning_compile_patch.compile_features as compile_features  # [ladder features]
@@ -37,7 +38,6 @@ from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6  # [ladd
 from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.strategies import ModelParallelStrategy  # [ladder features]
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
-from lightning.pytorch.strategies.strategy import _ForwardRedirection  # [ladder features]
 from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
 from lightning.pytorch.utilities.compile import _verify_strategy_can_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
@@ -330,8 +330,11 @@ class _CompileConnector:
         module = self.trainer.lightning_module
         # [ladder features]
         wrapper = self.trainer.strategy.model
-        assert wrapper is not None
-        if wrapper is not module and (self.enabled or self.input_defaults) and self._compile_wrapper(wrapper, kwargs):
+        if (
+            _python_reducer(wrapper)
+            and (self.enabled or self.input_defaults)
+            and self._compile_wrapper(wrapper, kwargs)
+        ):
             return
         # [/ladder]
         self.keep_copies_plain(module, ("_compiler_ctx", "forward", *_STEPS))  # [ladder features]
@@ -352,24 +355,20 @@ class _CompileConnector:
                 setattr(module, name, self._wrap(getattr(module, name), original, module_call=False))
 
     def _compile_wrapper(self, wrapper: torch.nn.Module, kwargs: Mapping[str, Any]) -> bool:
-        """Compiles the wrapper's call in place, as Fabric does; ``False`` where the steps are compiled inside it.
+        """Compiles DDP's call in place, as Fabric does; ``False`` where the steps are compiled inside it instead.
 
-        The fork's features plug into the wrapper's whole call (``module_call``): the python reducer of compiled
-        autograd traces DDP's forward only inside it. Upstream, the steps are compiled inside the wrapper: under DDP's
-        C++ reducer, compiling the wrapper adds frames and graph breaks and no DDP code to the compiled code.
+        Only under DDP's python reducer (compiled autograd) is DDP's forward traced with the step: its ``_pre_forward``
+        then runs compiled. Under its C++ reducer, DDP's own code runs as Python whatever compiles it, so the steps are
+        compiled, as everywhere else.
 
         """
         if kwargs.get("fullgraph"):
-            # DDP's own forward calls into its C++ reducer, which no graph can hold: its steps are compiled inside it
+            # DDP's forward breaks the graph at its inner module call: its steps are compiled inside it
             rank_zero_info("`fullgraph=True`: the steps are compiled inside the strategy's wrapper, not the wrapper.")
-            return False
-        reset = _redirection_reset()
-        if reset is None:
             return False
         wrapper.compile(**kwargs)
         # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
         self.defer(wrapper.__dict__.pop, "_compiled_call_impl", None)
-        self.defer(reset)
         compiled = wrapper._compiled_call_impl
         assert compiled is not None
         wrapper._compiled_call_impl = self._wrap(compiled, wrapper._call_impl, module_call=True)
@@ -504,32 +503,9 @@ class _CompileConnector:
 
 
 # [ladder features]
-def _redirection_reset() -> Optional[Callable[[], None]]:
-    """What drops, when the run ends, the entries of Lightning's forward redirection past half of the recompile limit.
-
-    Each run's wrapper is a new object, which Dynamo guards on in the redirection's ``wrapped_forward``, code that every
-    run shares: a process that fits many models under DDP would reach Dynamo's recompile limit there, and run its later
-    fits without compiled code. Through Dynamo's private per-code reset: torch has no public way to drop one code
-    object's entries. ``None`` on a torch without it: the steps are then compiled inside the wrapper, as upstream.
-
-    """
-    nested = _ForwardRedirection.__call__.__code__.co_consts
-    codes = [c for c in nested if isinstance(c, types.CodeType) and c.co_name == "wrapped_forward"]
-    if not surface.per_code_reset() or len(codes) != 1:
-        missing = f"torch {torch.__version__} has no per-code reset" if codes else "no `wrapped_forward` was found"
-        rank_zero_warn(
-            f"The compile of the strategy's wrapper needs Dynamo's private per-code reset on Lightning's forward"
-            f" redirection, and {missing}: the steps are compiled inside the wrapper instead."
-        )
-        return None
-    [code] = codes
-    limit = surface.recompile_limit()
-
-    def reset() -> None:
-        if surface.cache_entries(code) > limit // 2:
-            surface.reset_code(code)  # its entries, its recompile count and its "skip" mark
-
-    return reset
+def _python_reducer(wrapper: Any) -> bool:
+    """Whether the strategy wraps the model in a DDP that runs its python reducer, which traces DDP's forward."""
+    return isinstance(wrapper, DistributedDataParallel) and surface.ddp_uses_python_reducer(wrapper)
 
 
 def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:

@@ -626,8 +626,12 @@ per-code resets, compiled autograd's switch, DDP's python reducer) are reached o
 `compile_features/_torch_surface.py`, each with the torch versions it is read on, so that a torch
 release that moves one changes one line. With `use_compile` set, `ModelParallelStrategy` is
 accepted too (the later patches that compile under it check what they compile); a compiled
-model passed in without `use_compile` is checked as before. And at the end of every run that
-compiled, the code that runs share (torch's, Lightning's, the model's classes') whose entries the
+model passed in without `use_compile` is checked as before. Where DDP runs its python reducer
+(`torch._dynamo.config.optimize_ddp = "python_reducer"`, which compiled autograd needs), the seam
+compiles DDP's call in place, as Fabric does, so that DDP's forward is traced with the step and
+its `_pre_forward` runs compiled; under DDP's C++ reducer, DDP's own code runs as Python whatever
+compiles it, so the steps are compiled there, as in the previous patches. And at the end of
+every run that compiled, the code that runs share (torch's, Lightning's, the model's classes') whose entries the
 run grew past half of Dynamo's recompile limit is reset, so that a process that fits many models
 compiles every fit without `torch.compiler.reset()`; a function the user compiled keeps its
 entries (a compiled torch module or a compiled method of the model called with many shapes

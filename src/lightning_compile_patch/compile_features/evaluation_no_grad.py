@@ -1,10 +1,9 @@
 """``validate``, ``test`` and ``predict`` run under ``torch.no_grad`` while compiling, not ``torch.inference_mode``.
 
 * ``validate`` after ``fit`` reuses the validation step fit compiled (fit validates under ``no_grad``): under
-  ``inference_mode``, whose tensors have other dispatch keys, PyTorch compiles it a second time. Under DDP, which wraps
-  the model to fit only, fit's evaluation runs the wrapper's call eagerly and the validation step compiled on the
-  module, the one ``validate`` runs without the wrapper: one graph for both, not one inside the wrapper's compiled call
-  and one outside it. Evaluation has no backward, so DDP's own forward gains nothing from being compiled there.
+  ``inference_mode``, whose tensors have other dispatch keys, PyTorch compiles it a second time. Where DDP's call is
+  compiled (its python reducer, to fit only), fit's evaluation runs the call eagerly and the validation step compiled on
+  the module: evaluation has no backward, so DDP's own forward gains nothing from being compiled there.
 * Dynamo fails on some steps under ``inference_mode`` that run under ``no_grad``: a step that indexes a tensor with a
   numpy array raises ``Guard failed on the same frame it was created`` (torch 2.13,
   ``docs/repros/inference_mode_numpy_index.py``).
@@ -16,8 +15,6 @@ enter autograd later. It overrides ``Trainer(inference_mode=True)`` for the run,
 
 from typing import Any, Callable
 
-from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
 
 
@@ -35,18 +32,10 @@ class _EvaluationNoGrad(_CompileFeature):
                 connector.replace(loop, "inference_mode", False, scope="run")
 
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
-        trainer = connector.trainer
-        module = trainer.lightning_module
         if not module_call:
-            # a stage without DDP's wrapper: the module's `forward` uncompiled, as fit's evaluation saw it (restored by
-            # the forward redirection), since the validation step's compiled graph is guarded on its type
-            forward = (module._compiler_ctx or {}).get("original_forward")
-            ddp = isinstance(trainer.strategy, DDPStrategy) and trainer.state.fn != TrainerFn.FITTING
-            if ddp and forward is not None and vars(module).get("forward") is not forward:
-                connector.replace(module, "forward", forward)
             return compiled
-        if trainer.state.fn != TrainerFn.FITTING or not isinstance(trainer.strategy, DDPStrategy):
-            return compiled
+        # DDP's call compiled (its python reducer, to fit only): fit's evaluation runs the step compiled on the module
+        trainer = connector.trainer
         connector.compile_step("validation_step")
 
         def call(*args: Any, **kwargs: Any) -> Any:  # the wrapper's call: compiled to train, eager to evaluate

@@ -251,19 +251,32 @@ class IsCompilingInWrapperForward(Callback):
 
 
 @RunIf(skip_windows=True)
-def test_use_compile_compiles_the_wrappers_call_and_a_compiled_model_passed_in_its_steps(fresh_dynamo, tmp_path):
-    """With ``use_compile`` a forward pre-hook on the DDP wrapper sees ``is_compiling()``; a compiled model passed in
-    without it gets the re-apply and nothing more: its steps compiled inside the wrapper."""
-    probe = IsCompilingInWrapperForward()
-    trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, callbacks=[probe], **_DDP_KWARGS)
-    trainer.fit(BoringModel())
-    assert probe.seen == [True, True]
-    assert "_compiled_call_impl" not in vars(trainer.strategy.model)  # undone after the run
+@pytest.mark.parametrize("python_reducer", [False, True])
+def test_ddp_s_call_is_compiled_under_its_python_reducer_only(fresh_dynamo, tmp_path, python_reducer):
+    """A forward pre-hook on the DDP wrapper sees ``is_compiling()`` where DDP runs its python reducer, which traces
+    DDP's forward with the step; under its C++ reducer the steps are compiled inside the wrapper, as without the seam.
+    A compiled model passed in without ``use_compile`` gets the re-apply alone: its steps compiled inside it."""
+    setting = "python_reducer" if python_reducer else torch._dynamo.config.optimize_ddp
+    with (
+        torch._dynamo.config.patch(optimize_ddp=setting),
+        torch._inductor.config.patch(
+            _fuse_ddp_communication=torch._inductor.config._fuse_ddp_communication,
+            _fuse_ddp_bucket_size=torch._inductor.config._fuse_ddp_bucket_size,
+        ),
+    ):
+        probe = IsCompilingInWrapperForward()
+        trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, callbacks=[probe], **_DDP_KWARGS)
+        trainer.fit(BoringModel())
+        assert probe.seen == [python_reducer] * 2
+        assert "_compiled_call_impl" not in vars(trainer.strategy.model)  # undone after the run
 
-    probe = IsCompilingInWrapperForward()
-    trainer = Trainer(default_root_dir=tmp_path, callbacks=[probe], **_DDP_KWARGS)
-    trainer.fit(torch.compile(BoringModel(), backend="eager"))
-    assert probe.seen == [False, False]
+        probe = IsCompilingInWrapperForward()
+        trainer = Trainer(default_root_dir=tmp_path, callbacks=[probe], **_DDP_KWARGS)
+        trainer.fit(torch.compile(BoringModel(), backend="eager"))
+        assert probe.seen == [False, False]
+    if python_reducer:  # what building DDP under its python reducer adds for the process
+        torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST.discard("torch.nn.parallel.distributed")
+        torch._dynamo.trace_rules.get_legacy_mod_inlinelist.cache_clear()
 
 
 def test_the_wrapper_is_uncompiled_where_module_compile_keeps_its_compiled_call():
