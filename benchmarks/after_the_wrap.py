@@ -5,8 +5,8 @@
 Both paths compile the model with ``torch.compile(model, backend=...)`` and fit it with ``strategy="ddp"`` (2 gloo
 processes on CPU by default), each path in processes of its own (Dynamo's caches and counters are per process).
 ``stock`` passes ``from_compiled(compiled)``, Lightning's own behavior: its steps are compiled before DDP wraps the
-model. ``after the wrap`` passes the compiled model itself, which is compiled again after the wrap, DDP's wrapper
-itself.
+model. ``after the wrap`` passes the compiled model itself, whose steps the package compiles again after the strategy's
+setup (DDP's call itself only under its python reducer; until 2026-12-06 it compiled DDP's call under every reducer).
 For each path, per step on rank 0 after the first (the compile):
 
 * how often DDP's ``forward``, ``_pre_forward`` and ``_post_forward`` ran as Python (their own code objects), counted

@@ -44,7 +44,7 @@ from lightning.pytorch.utilities.compile import from_compiled  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # the demo's GPT, outside the wheel
 from gpt import GPT, GPTConfig, GPTModule, NextTokenData, parameter_count  # noqa: E402
 
-from lightning_compile_patch.compile_features.run_summary import _EXPECTED_BREAKS  # noqa: E402
+from lightning_compile_patch.compile_features.summary import _EXPECTED_BREAKS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "docs" / "benchmarks"

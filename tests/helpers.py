@@ -312,7 +312,7 @@ def connector_module() -> Any:
 
 
 def feature(trainer: Trainer, name: str) -> Any:
-    """The Trainer's feature object of the ``use_compile`` feature module ``name`` (``run_summary``, ...)."""
+    """The Trainer's feature object of the ``use_compile`` feature module ``name`` (``summary``, ...)."""
     found = [f for f in trainer._compile_connector.features if type(f).__module__.rpartition(".")[2] == name]
     assert len(found) == 1, f"no feature of the module {name!r} on this Trainer"
     return found[0]

@@ -94,11 +94,20 @@ def test_a_cache_of_another_configuration_is_ignored_with_a_warning(tmp_path):
 
     model = BoringModel()
     trainer.strategy._lightning_module = model
-    configuration = cache._configuration(trainer, {"backend": "eager"}, None)
+    configuration = cache._configuration(trainer, {"backend": "eager"}, {})
     path = tmp_path / "rank0.bin"
     path.write_bytes(cache._MAGIC + json.dumps({**configuration, "torch": "1.0"}).encode() + b"\n" + b"payload")
     with pytest.warns(UserWarning, match="written for another configuration \\(it differs in torch\\); compiling cold"):
         cache._load(path, configuration)
+
+
+def test_the_other_keys_of_use_compile_are_part_of_the_configuration():
+    # what `regions` compiles differs from the whole model's graphs: a cache of one is not loaded for the other
+    trainer = Trainer(**QUIET)
+    trainer.strategy._lightning_module = __import__("helpers").LoggingModel()
+    configuration = lightning_side("cache")._configuration
+    whole, regional = (configuration(trainer, {}, keys) for keys in ({}, {"regions": "auto"}))
+    assert whole != regional
 
 
 def test_a_file_that_is_not_a_cache_is_ignored_with_a_warning(tmp_path):

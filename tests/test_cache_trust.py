@@ -101,7 +101,7 @@ def test_two_sizes_of_one_model_class_get_two_configurations(tmp_path):
     for width in (16, 32):
         trainer = Trainer(**FIT)
         trainer.strategy._lightning_module = small_gpt(width)
-        keys.append(configuration(trainer, {}, None))
+        keys.append(configuration(trainer, {}, {}))
     assert keys[0]["model"] == keys[1]["model"]
     assert keys[0]["parameters"] != keys[1]["parameters"]
 

@@ -8,7 +8,9 @@
 | `use_compile={"summary": False, ...}`      | the defaults less the ones the user turned off           |
 """
 
+import importlib
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,9 +46,9 @@ def test_a_compiled_model_without_use_compile_gets_no_backend_and_no_process_wid
 
     trainer.fit(torch.compile(Probe(), backend=backend))
     # only the features that change the model and its Trainer, nothing beyond them
-    local = ["evaluation_no_grad", "log_deferral", "metrics", "optimizer_steps", "param_groups", "step_outputs"]
-    local += ["tensor_parallel"]
-    assert feature_names(trainer) == sorted([*local, "trainer_state"])
+    local = ["check_tensor_parallel", "defer_logging", "dynamic_lr", "eager_metrics", "eager_optimizer_steps"]
+    local += ["list_outputs", "no_grad_evaluation", "stage_guards"]
+    assert feature_names(trainer) == sorted(local)
     assert backend.graphs >= 1  # the user's own backend compiled, not a counting one of the package's
     assert last_summary(trainer) is None
     assert seen["dynamo"] == config_before  # `optimize_ddp` included: nothing was set for the run
@@ -57,16 +59,16 @@ def test_a_compiled_model_without_use_compile_gets_no_backend_and_no_process_wid
 
 
 def test_use_compile_builds_the_packages_defaults_and_the_keys_it_sets():
-    defaults = ["compile_budget", "compile_errors", "evaluation_no_grad", "log_deferral", "loop_counters", "metrics"]
-    defaults += ["optimize_ddp", "optimizer_steps", "param_groups", "step_outputs", "trainer_state"]
-    assert feature_names(Trainer(use_compile=True)) == sorted([*defaults, "run_summary", "tensor_parallel"])
+    defaults = ["compile_budget", "compile_errors", "no_grad_evaluation", "defer_logging", "dynamic_loop_counters"]
+    defaults += ["eager_metrics", "optimize_ddp", "eager_optimizer_steps", "dynamic_lr", "list_outputs", "stage_guards"]
+    assert feature_names(Trainer(use_compile=True)) == sorted([*defaults, "summary", "check_tensor_parallel"])
     with_fallback = Trainer(use_compile={"fallback": "eager"})
-    assert feature_names(with_fallback) == sorted([*defaults, "fallback", "run_summary", "tensor_parallel"])
+    assert feature_names(with_fallback) == sorted([*defaults, "fallback", "summary", "check_tensor_parallel"])
 
 
 def test_a_key_set_to_false_turns_a_default_off():
     trainer = Trainer(use_compile={"backend": "eager", "summary": False, "optimize_ddp": None}, **RUN)
-    assert "run_summary" not in feature_names(trainer)
+    assert "summary" not in feature_names(trainer)
     assert "optimize_ddp" not in feature_names(trainer)
     trainer.fit(BoringModel())
     assert last_summary(trainer) is None
@@ -89,3 +91,13 @@ def test_a_key_set_to_false_turns_a_default_off():
 def test_a_feature_flag_must_be_a_bool(key):
     with pytest.raises(TypeError, match=rf"use_compile=\{{'{key}': 'yes'\}}\)` must be `True` or `False`"):
         Trainer(use_compile={key: "yes"})
+
+
+def test_each_feature_module_is_named_after_a_key_it_owns_and_listed_once_in_hook_order():
+    import lightning_compile_patch.compile_features as features
+
+    modules = sorted(p.stem for p in Path(features.__file__).parent.glob("*.py") if not p.stem.startswith("_"))
+    assert sorted(features.FEATURES) == modules  # a module left out of the list would never run
+    assert len(set(features.FEATURES)) == len(features.FEATURES)
+    for name in features.FEATURES:
+        assert name in importlib.import_module(f"{features.__name__}.{name}").FEATURE.keys, name

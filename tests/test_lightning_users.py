@@ -217,13 +217,13 @@ def test_use_compile_none_or_false_runs_no_compile_feature():
 def test_step_accounting_takes_code_objects_that_cannot_be_hashed():
     # Dynamo's own code objects can hold a dict among their constants (Lightning's closure tests under manual
     # optimization): a set lookup of one raised "unhashable type: 'dict'" inside the backend, and the run failed
-    run_summary = lightning_side("run_summary")
+    summary = lightning_side("summary")
     code = (lambda: None).__code__
     unhashable = code.replace(co_consts=(*code.co_consts, {}))
     with pytest.raises(TypeError, match="unhashable"):
         hash(unhashable)
-    assert not run_summary._contains({code}, unhashable)
-    assert run_summary._contains([code, unhashable], unhashable)
+    assert not summary._contains({code}, unhashable)
+    assert summary._contains([code, unhashable], unhashable)
 
 
 class NamedByStage(BoringModel):

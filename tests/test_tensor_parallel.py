@@ -28,7 +28,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 #: Where tensor parallelism under `use_compile` was measured (the list `tensor_parallel` warns outside of): torch 2.13
 #: only, on CPU. 2.6 cannot run FSDP2 on CPU at all; 2.9 and 2.14 were not run: add them to the list when this passes.
-TESTED = lightning_side("tensor_parallel")._TENSOR_PARALLEL_TESTED_ON
+TESTED = lightning_side("check_tensor_parallel")._TENSOR_PARALLEL_TESTED_ON
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(

@@ -3,7 +3,7 @@
 ``compile_features/_torch_surface.py`` holds each private torch name (and DDP's private attributes) that a feature
 needs, behind a function or constant named for what the feature does with it. These tests call each entry the way the
 features do, on the torch they run on: CI runs this file on 2.13.0 (``tests``) and 2.6.0 (``tests_torch``), 2.14.1 and
-2.9.1 run by hand, and ``tests/test_patchset.py`` checks that the module goes upstream with the seam. A new entry
+2.9.1 run by hand, and ``tools/tests/test_patchset.py`` checks that the module goes upstream with the seam. A new entry
 without a test here, or a private name reached outside the module, fails ``test_every_entry_is_exercised`` or
 ``test_no_feature_reaches_a_private_torch_name_but_through_the_surface``.
 """
@@ -192,7 +192,7 @@ def test_compilation_metrics_give_dynamos_reason_for_a_skipped_frame():
 
     compiled_once(f)
     (metrics,) = [m for m in surface.compilation_metrics() if m.co_name == "f" and m.fail_type]
-    assert "loop" in metrics.fail_reason.lower()  # the cause run_summary reads
+    assert "loop" in metrics.fail_reason.lower()  # the cause the summary reads
 
 
 @exercises("converted_codes", "cache_entries", "reset_code", "per_code_reset")

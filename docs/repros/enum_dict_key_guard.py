@@ -6,7 +6,7 @@ Each function returns a name picked by an Enum: from a dict literal keyed by the
 ``dict.get``, and, for comparison, an ``if`` on the Enum and a dict keyed by ints. Each is compiled, called with the
 first member and then with the second. With an Enum as the dict key, the second call returns the first call's name: no
 guard is put on the key, so the first compiled code runs again. The ``if`` and the int key recompile and give the right
-name. How ``use_compile`` keys compiled steps on the Trainer's stage instead: ``compile_features/trainer_state.py``.
+name. How ``use_compile`` keys compiled steps on the Trainer's stage instead: ``compile_features/stage_guards.py``.
 """
 
 import argparse

@@ -17,7 +17,6 @@ import functools  # [ladder features]
 import importlib  # [ladder features]
 import inspect  # [ladder use_compile]
 import os  # [ladder use_compile]
-import pkgutil  # [ladder features]
 import re  # [ladder features]
 import types  # [ladder features]
 from collections.abc import Mapping
@@ -72,17 +71,17 @@ class _CompileFeature:
     """A feature beyond the core: built with the parsed options (raising on a bad value), it owns ``keys`` of them.
 
     A feature is built only for a Trainer whose ``use_compile`` sets one of its keys (or :attr:`defaults` does), so a
-    feature left unset changes nothing. Hooks run in the order of :func:`_feature_classes`, ``teardown`` in reverse, on
-    every path. ``order`` only says how ``wrap`` nests, lowest innermost:
+    feature left unset changes nothing. Hooks run in the order of ``compile_features.FEATURES``, ``teardown`` in
+    reverse, on every path. ``order`` only says how ``wrap`` nests, lowest innermost:
 
     ====  ================  =====================================================================
-    5     step_outputs      puts the module's lists behind their views for the compiled call only
+    5     list_outputs      puts the module's lists behind their views for the compiled call only
     5     param_groups      refreshes the optimizers' views that a traced ``self.optimizers()`` returns
-    10    log_deferral      replays ``self.log`` right after the compiled call, inside the others
+    10    defer_logging     replays ``self.log`` right after the compiled call, inside the others
     45    compiled_autograd syncs DDP's buffers around the compiled call
     80    fallback          catches a compile error and runs the step eagerly instead
     90    compile_errors    names the run in a compile error that nothing inside caught
-    95    run_summary       counts the step as compiled or eager: outermost, so a fallback counts
+    95    summary           counts the step as compiled or eager: outermost, so a fallback counts
     ====  ================  =====================================================================
 
     """
@@ -90,13 +89,6 @@ class _CompileFeature:
     #: The keys of the ``use_compile`` dict this feature owns, each with a one-line description for error messages.
     keys: ClassVar[dict[str, str]] = {}
     order: ClassVar[int] = 0
-    #: Whether the run went on uncompiled after a compile error.
-    fell_back: bool = False
-
-    @property
-    def summary_note(self) -> Optional[str]:
-        """What the feature says of the run in progress for its summary line, such as how regions were compiled."""
-        return None
 
     @classmethod
     def wanted(cls, keys: Mapping[str, Any]) -> bool:
@@ -227,6 +219,10 @@ class _CompileConnector:
         self.step_kwargs: Mapping[str, Any] = _Frozen()
         #: What the last run that compiled did (set by the run summary, if installed).
         self.last_summary: Optional[Any] = None
+        #: Whether the run in progress went on uncompiled after a compile error (:meth:`fall_back`).
+        self.fell_back = False
+        #: What features say of the run in progress, for its summary (:meth:`note`).
+        self.notes: list[Callable[[], Optional[str]]] = []
         self._active: list[_CompileFeature] = []
         self._undo: dict[_Scope, list[Callable[[], Any]]] = {"compile": [], "run": []}
         # [/ladder]
@@ -299,7 +295,7 @@ class _CompileConnector:
             self.features = [feature(self.options) for feature in _feature_classes() if feature.wanted(keys)]
         if self.enabled and self.features:  # what `use_compile`'s features change is process-wide: one run at a time
             self._claim_the_process()
-        self.given = given
+        self.given, self.fell_back, self.notes = given, False, []
         self._active = list(self.features)
         for feature in self._active:
             feature.on_run_start(self, model)
@@ -460,6 +456,15 @@ class _CompileConnector:
         """Undoes what this run compiled, latest first; the run's settings stay until its teardown."""
         self._unwind("compile")
 
+    def fall_back(self) -> None:
+        """The run goes on uncompiled after a compile error: what it compiled is undone, and its summary says so."""
+        self.fell_back = True
+        self.uncompile()
+
+    def note(self, note: Callable[[], Optional[str]]) -> None:
+        """Adds what a feature says of the run to its summary: ``note()`` when the run ends, unless it is ``None``."""
+        self.notes.append(note)
+
     def _unwind(self, scope: _Scope) -> None:
         undo = self._undo[scope]
         with contextlib.ExitStack() as stack:  # every step runs, even after one that raised
@@ -554,9 +559,9 @@ def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
 
 @functools.cache
 def _feature_classes() -> tuple[type[_CompileFeature], ...]:
-    """The ``FEATURE`` of every module in ``compile_features``, by name: imported on first use."""
-    modules = [m.name for m in pkgutil.iter_modules(compile_features.__path__) if not m.name.startswith("_")]
-    return tuple(importlib.import_module(f"{compile_features.__name__}.{name}").FEATURE for name in modules)
+    """The ``FEATURE`` of each module that ``compile_features.FEATURES`` lists, in its order: imported on first use."""
+    package = compile_features.__name__
+    return tuple(importlib.import_module(f"{package}.{name}").FEATURE for name in compile_features.FEATURES)
 
 
 # [/ladder]

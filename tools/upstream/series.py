@@ -691,7 +691,7 @@ def _feature(
 
 
 LOG_DEFERRAL = _feature(
-    "log_deferral",
+    "defer_logging",
     "Keep `self.log` out of the graphs compiled by `Trainer(use_compile=...)`",
     """\
 Dynamo cannot trace `self.log` on recent PyTorch, and a graph break at each call splits the step
@@ -707,7 +707,7 @@ Not part of the master series: master has #21837, which compiler-disables `Light
     bases=("2.6.6",),
 )
 RUN_SUMMARY = _feature(
-    "run_summary",
+    "summary",
     "Tell what `Trainer(use_compile=...)` compiled: first steps, recompile limit, summary",
     """\
 A cold compile looks like a run that hangs at step 0, and a frame that hits Dynamo's recompile limit
@@ -766,7 +766,7 @@ of repeated blocks the model has.""",
     3,
 )
 TENSOR_PARALLEL = _feature(
-    "tensor_parallel",
+    "check_tensor_parallel",
     "Refuse what tensor parallelism cannot compile whole in `Trainer(use_compile=...)`",
     """\
 Under FSDP2, Dynamo does not trace the sharded modules' hooks (they are compiler-disabled), so a
@@ -781,7 +781,7 @@ gloo, on a 2x2 mesh with FSDP2); on another torch it warns.
 Comes after the regions patch: the module imports nothing of it, but its test trains the 2x2 mesh
 with regions too.""",
     InsertAfter(
-        COMPILE_DOCS, "For a full example, see our `FP8 Distributed Transformer example", _doc("tensor_parallel")
+        COMPILE_DOCS, "For a full example, see our `FP8 Distributed Transformer example", _doc("check_tensor_parallel")
     ),
     "- Fixed `Trainer(use_compile=...)` failing deep in the compiler on a whole model sharded with `fully_shard` whose"
     " embedding is vocabulary-parallel: it is refused before the first step, naming `regions` as the fix, and tensor"
@@ -835,10 +835,10 @@ on, so a step that calls a metric recompiles at every step until it reaches the 
 and runs uncompiled from then on: a torchmetrics user got an uncompiled validation loop. For the
 run, the `forward`, `update` and `compute` of each metric of the model are compiler-disabled on the
 instance (a graph break at each call, one compile) and put back when the run ends.""",
-    modules=("compile_features.metrics",),
-    tests=("tests_pytorch/trainer/connectors/test_compile_metrics.py",),
+    modules=("compile_features.eager_metrics",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_eager_metrics.py",),
     edits=(
-        InsertAfter(COMPILE_DOCS, "If you still see recompilation issues after dealing", _doc("metrics")),
+        InsertAfter(COMPILE_DOCS, "If you still see recompilation issues after dealing", _doc("eager_metrics")),
         *_changelog_fixed(
             "- Fixed a step that calls a `torchmetrics` metric recompiling at every step under `torch.compile`, until"
             f" the recompile limit made it run uncompiled {ISSUE}",
@@ -857,10 +857,12 @@ new epoch or step until it reached the recompile limit, and ran uncompiled from 
 `dynamic=True` does not change that, since it applies to the step's inputs. For the run, the ints
 under the Trainer's loops are marked dynamic with `torch.compiler.config.dynamic_sources` (torch
 2.8+), which is restored when the run ends, on every path.""",
-    modules=("compile_features.loop_counters",),
-    tests=("tests_pytorch/trainer/connectors/test_compile_loop_counters.py",),
+    modules=("compile_features.dynamic_loop_counters",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_dynamic_loop_counters.py",),
     edits=(
-        InsertAfter(COMPILE_DOCS, "On PyTorch 2.2 and later, ``torch.compile`` will detect", _doc("loop_counters")),
+        InsertAfter(
+            COMPILE_DOCS, "On PyTorch 2.2 and later, ``torch.compile`` will detect", _doc("dynamic_loop_counters")
+        ),
         *_changelog_fixed(
             "- Fixed a step that reads `self.current_epoch` or `self.global_step` recompiling at every epoch or step"
             f" under `Trainer(use_compile=...)`, until the recompile limit made it run uncompiled {ISSUE}",
@@ -904,13 +906,13 @@ so `val_loss` was logged as `sanity_check_loss`, and `ReduceLROnPlateau`, `Early
 Trainer's state takes a subclass of `TrainerState` per `(fn, stage)` for the run, switched when
 Lightning sets either: Dynamo guards the type, so such a step compiles once per stage. The state
 compares, prints and pickles as a `TrainerState`, and its class is put back after the run.""",
-    modules=("compile_features.trainer_state",),
-    tests=("tests_pytorch/trainer/connectors/test_compile_trainer_state.py",),
+    modules=("compile_features.stage_guards",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_stage_guards.py",),
     edits=(
         InsertAfter(
             COMPILE_DOCS,
             "There are a few limitations you should be aware of when using ``torch.compile`` **in conjunction",
-            _doc("trainer_state"),
+            _doc("stage_guards"),
         ),
         *_changelog_added(
             '- Added `Trainer(use_compile={"stage_guards": True})`, so that a compiled step that picks a value by the'
@@ -929,13 +931,13 @@ mode that compile under `no_grad` (indexing with a numpy array: "Guard failed on
 it was created"; a torch bug, reported with a repro). With
 `use_compile={"no_grad_evaluation": True}` the three run under `torch.no_grad` for the run; the
 Trainer's own `inference_mode` is put back after it.""",
-    modules=("compile_features.evaluation_no_grad",),
-    tests=("tests_pytorch/trainer/connectors/test_compile_evaluation_no_grad.py",),
+    modules=("compile_features.no_grad_evaluation",),
+    tests=("tests_pytorch/trainer/connectors/test_compile_no_grad_evaluation.py",),
     edits=(
         InsertAfter(
             COMPILE_DOCS,
             "  The last batch in your training loop will be smaller and trigger a recompilation.",
-            _doc("evaluation_no_grad"),
+            _doc("no_grad_evaluation"),
         ),
         Replace(
             CHANGELOG,
@@ -947,7 +949,7 @@ Trainer's own `inference_mode` is put back after it.""",
 )
 
 PARAM_GROUPS = _feature(
-    "param_groups",
+    "dynamic_lr",
     "Keep the learning rate a step reads from recompiling it under `Trainer(use_compile=...)`",
     """\
 Dynamo treats an optimizer specially and guards every value of its `param_groups` (the learning
@@ -959,28 +961,28 @@ plain list: the learning rate costs one recompile at its first change and none a
 of a `LightningOptimizer` is a `LightningOptimizer` (only not an instance of the `torch.optim`
 class, which is what Dynamo guards), built from the strategy's optimizers, so no hook of the
 module runs that the step did not call; a module that defines `optimizers` itself keeps it.""",
-    InsertAfter(COMPILE_DOCS, "Here are some common scenarios when this can happen:", _doc("param_groups")),
+    InsertAfter(COMPILE_DOCS, "Here are some common scenarios when this can happen:", _doc("dynamic_lr")),
     "- Fixed a step that reads the learning rate from `self.optimizers()` recompiling at every step under"
     f' `Trainer(use_compile={{"dynamic_lr": True}})` {ISSUE}',
     3,
     fixed=True,
 )
 STEP_OUTPUTS = _feature(
-    "step_outputs",
+    "list_outputs",
     "Keep a list a step appends to from recompiling it under `Trainer(use_compile=...)`",
     """\
 `self.outputs.append(loss)` in a step, read in `on_train_epoch_end` as the docs show, made
 Dynamo guard on the list's length: two uncompiled steps per epoch. With
 `use_compile={"list_outputs": True}`, during each compiled call a list of the module that the
 step only appends to or indexes stands behind a view whose methods run eagerly on the real list.""",
-    InsertAfter(COMPILE_DOCS, "- You are using dataset with different inputs or shapes", _doc("step_outputs")),
+    InsertAfter(COMPILE_DOCS, "- You are using dataset with different inputs or shapes", _doc("list_outputs")),
     "- Fixed a step that appends to a list of the module recompiling under"
     f' `Trainer(use_compile={{"list_outputs": True}})` {ISSUE}',
     2,
     fixed=True,
 )
 OPTIMIZER_STEPS = _feature(
-    "optimizer_steps",
+    "eager_optimizer_steps",
     "Run manual optimization's optimizer steps outside the graph under `Trainer(use_compile=...)`",
     """\
 Under manual optimization, `opt.step()` is traced inside the compiled step, so each change of
@@ -992,7 +994,7 @@ run. They are disabled on the run's own objects, never on a shared class: each
 `LightningOptimizer` has a class of its own already, and each scheduler gets one for the run (a
 subclass of the same name). Each calls the method it replaces, looked up when called, so a test's
 mock of `torch.optim.SGD.step` still sees every call.""",
-    InsertAfter(COMPILE_DOCS, "Always compare the speed and memory usage", _doc("optimizer_steps")),
+    InsertAfter(COMPILE_DOCS, "Always compare the speed and memory usage", _doc("eager_optimizer_steps")),
     "- Fixed manual optimization recompiling at each change of the learning rate under"
     f' `Trainer(use_compile={{"eager_optimizer_steps": True}})` {ISSUE}',
     7,

@@ -83,8 +83,12 @@ def _structure(module: torch.nn.Module) -> str:
     return hashlib.sha256(repr(shapes).encode()).hexdigest()[:16]
 
 
-def _configuration(trainer: "pl.Trainer", compile_kwargs: dict[str, Any], regions: Any) -> dict[str, Any]:
-    """What the compiled artifacts depend on, besides the graphs themselves (which torch keys on its own)."""
+def _configuration(trainer: "pl.Trainer", compile_kwargs: dict[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
+    """What the compiled artifacts depend on, besides the graphs themselves (which torch keys on its own).
+
+    ``keys``: the other keys of ``use_compile``, which may change what is compiled (``regions``) or how.
+
+    """
     strategy = trainer.strategy
     device = strategy.root_device
     return {
@@ -98,7 +102,7 @@ def _configuration(trainer: "pl.Trainer", compile_kwargs: dict[str, Any], region
         "model": f"{type(trainer.lightning_module).__module__}.{type(trainer.lightning_module).__qualname__}",
         "parameters": _structure(trainer.lightning_module),
         "compile": {key: _describe(value) for key, value in sorted(compile_kwargs.items())},
-        "regions": _describe(regions),
+        "keys": {key: _describe(value) for key, value in sorted(keys.items())},
     }
 
 
@@ -116,7 +120,8 @@ def _describe(value: Any) -> Union[str, int, float, bool, list, dict, None]:
 def _warm_start(connector: _CompileConnector, cache: str, shared: bool = False) -> Callable[[], None]:
     """Loads this configuration's artifacts for this rank, and returns the function that saves them at the end."""
     trainer = connector.trainer
-    configuration = _configuration(trainer, dict(connector.given or {}), connector.options.keys.get("regions"))
+    others = {key: value for key, value in connector.options.keys.items() if key not in _Cache.keys}
+    configuration = _configuration(trainer, dict(connector.given or {}), others)
     key = hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(cache) / f"{type(trainer.lightning_module).__name__}-{key}"
     artifacts = folder / f"rank{trainer.global_rank}.bin"

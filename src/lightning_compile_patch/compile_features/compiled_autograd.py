@@ -60,7 +60,6 @@ class _CompiledAutograd(_CompileFeature):
     def __init__(self, options: _CompileOptions) -> None:
         self.value = options.keys.get(_KEY)
         self.enabled = self.value is not None and self.value is not False
-        self._captures: Optional[int] = None
         if not self.enabled:
             return
         if self.value is not True and not isinstance(self.value, Mapping):
@@ -122,9 +121,10 @@ class _CompiledAutograd(_CompileFeature):
             )
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
-        self._captures = surface.backward_graphs_compiled() if self.enabled else None
         if not self.enabled:
             return
+        captures = surface.backward_graphs_compiled()
+        connector.note(lambda: _captured(surface.backward_graphs_compiled() - captures))
         trainer = connector.trainer
         if isinstance(trainer.strategy, DDPStrategy) and trainer.state.fn == TrainerFn.FITTING:  # DDP wraps to fit only
             _use_python_reducer(connector)
@@ -165,13 +165,10 @@ class _CompiledAutograd(_CompileFeature):
 
         return synced
 
-    @property
-    def summary_note(self) -> Optional[str]:
-        """How many backward graphs compiled autograd compiled in this run, for the run's summary line."""
-        if self._captures is None:
-            return None
-        captures = surface.backward_graphs_compiled() - self._captures
-        return f"compiled autograd: {captures} backward graph{'s' if captures != 1 else ''} compiled"
+
+def _captured(captures: int) -> str:
+    """What the run's summary line says of compiled autograd."""
+    return f"compiled autograd: {captures} backward graph{'s' if captures != 1 else ''} compiled"
 
 
 def _use_python_reducer(connector: _CompileConnector) -> None:

@@ -34,15 +34,12 @@ class _Fallback(_CompileFeature):
                 " uncompiled."
             )
 
-    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
-        self.fell_back = False
-
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
         if self.fallback != "eager":
             return compiled
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            if self.fell_back:
+            if connector.fell_back:
                 return original(*args, **kwargs)
             # a wrapper's call (DDP, FSDP) runs the step through the forward redirection, which has put its
             # `wrapped_forward` on the module: the part that ran before the error may have taken it off already
@@ -55,8 +52,7 @@ class _Fallback(_CompileFeature):
                     raise
                 message = failure_message(connector, error, fallback=True)
                 rank_zero_warn(f"{message} It continues uncompiled (`fallback='eager'`).")
-                self.fell_back = True
-                connector.uncompile()
+                connector.fall_back()
                 if module is not None and redirected is not None:
                     # the eager call runs the step, not the module's own forward
                     module.forward = redirected  # type: ignore[method-assign]

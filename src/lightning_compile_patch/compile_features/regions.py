@@ -180,13 +180,11 @@ class _Regions(_CompileFeature):
     """Compiles each repeated block on its own, then the rest of the step around them."""
 
     keys = {"regions": "compile each repeated block on its own: 'auto', a class, classes or class names"}
-    summary_note: Optional[str] = None  # how the blocks were compiled, for the run's summary line
 
     def __init__(self, options: _CompileOptions) -> None:
         self.regions = _parse_regions(options.keys.get("regions"))
 
     def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
-        self.summary_note = None
         if self.regions is not None and not is_overridden("configure_model", model):
             _find_regions(model, self.regions)  # fail now, before the data is prepared
 
@@ -210,7 +208,8 @@ class _Regions(_CompileFeature):
         _compile_regions(blocks, kwargs, shared=not constants, replace=connector.replace)
         _compile_regions(_rest_of_model(module, blocks), kwargs, shared=False, replace=connector.replace)
         how = "compiled one by one" if constants else "sharing one compiled graph"
-        self.summary_note = f"regions: {len(blocks)} blocks {how}"
+        note = f"regions: {len(blocks)} blocks {how}"  # for the run's summary
+        connector.note(lambda: note)
         why = f", since they differ in {', '.join(f'`{c}`' for c in constants[:3])}" if constants else ""
         names = "`, `".join(dict.fromkeys(type(block).__name__ for block in blocks.values()))
         rank_zero_info(f"`use_compile`: regions: {len(blocks)} blocks of `{names}`, {how}{why}.")

@@ -24,14 +24,15 @@ def _torch_minor() -> str:
     return ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
 
-def _check_tensor_parallel(module: nn.Module, whole: bool) -> None:
+def _check_tensor_parallel(module: nn.Module) -> None:
     """Refuses what is known to fail with tensor parallelism, and warns on a torch it was not tested on.
 
     Under FSDP2, Dynamo does not trace the sharded modules' hooks (they are compiler-disabled), so whole-model
     compilation falls back to compiling each module call on its own, and a module's tensor-parallel hooks apart from its
     ``forward``. A vocabulary-parallel embedding (``RowwiseParallel`` on ``nn.Embedding``) returns a ``_MaskPartial``
     DTensor whose mask only its output hook releases; across two graphs that fails to compile ("Mixing fake modes
-    NYI", torch 2.13). Regions compile such a module with its hooks, in one graph: that is what to use instead.
+    NYI", torch 2.13). Regions compile such a module with its hooks, in one graph: that is what to use instead, and what
+    passes.
 
     """
     # `parallelize_module` (`distribute_module`) marks each module it put its hooks on
@@ -44,9 +45,10 @@ def _check_tensor_parallel(module: nn.Module, whole: bool) -> None:
             f" {', '.join(_TENSOR_PARALLEL_TESTED_ON)} only; this is torch {torch.__version__}. Compare a few steps"
             " with an eager run before relying on it."
         )
-    if not whole or not any(_is_fully_sharded(sub) for sub in module.modules()):
+    if not any(_is_fully_sharded(sub) for sub in module.modules()):
         return
-    embedding = next((name for name in parallel if _vocabulary_parallel(module.get_submodule(name))), None)
+    split = (name for name in parallel if _vocabulary_parallel(module.get_submodule(name)))
+    embedding = next((name for name in split if not _compiled_with_its_hooks(module, name)), None)
     if embedding is not None:
         raise ValueError(
             f"`Trainer(use_compile=...)` cannot compile this model whole: `{embedding}` is a vocabulary-parallel"
@@ -56,6 +58,13 @@ def _check_tensor_parallel(module: nn.Module, whole: bool) -> None:
             " (torch fails with 'Mixing fake modes NYI'). Pass `use_compile={'regions': 'auto'}`, which compiles the"
             " embedding with its hooks in one graph, or shard the embedding another way."
         )
+
+
+def _compiled_with_its_hooks(module: nn.Module, name: str) -> bool:
+    """Whether the submodule ``name``, or one that holds it, is compiled in place (a region): its hooks in its graph."""
+    parts = name.split(".")
+    holders = (module.get_submodule(".".join(parts[:depth])) for depth in range(len(parts) + 1))
+    return any(holder._compiled_call_impl is not None for holder in holders)
 
 
 def _is_fully_sharded(module: nn.Module) -> bool:
@@ -89,8 +98,7 @@ class _TensorParallel(_CompileFeature):
         _flag(options, "check_tensor_parallel")
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        whole = connector.options.keys.get("regions") is None  # the run compiles the model whole, not by regions
-        _check_tensor_parallel(connector.trainer.lightning_module, whole)
+        _check_tensor_parallel(connector.trainer.lightning_module)  # after `regions` has compiled its blocks, if set
         return {}
 
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 PROBE = ROOT / "docs" / "repros" / "regions_gpu_probe.py"
 GPU_SESSION = BENCHMARKS / "gpu_session.sh"
@@ -30,7 +30,7 @@ MACHINE.update(torch="2.13.0", lightning="2.6.6", cuda=None, gpu=None)
 
 
 def benchmark_script(name):
-    """A script of ``benchmarks/``, imported (it imports the package: only for ``package_only`` tests)."""
+    """A script of ``benchmarks/``, imported (it imports the package)."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         return importlib.import_module(name)
@@ -52,7 +52,6 @@ def constant(script, name):
 
 
 @pytest.mark.slow
-@pytest.mark.package_only  # the benchmarks import the package; the run against a patched Lightning has none
 def test_bench_smoke_runs_each_path_in_a_fresh_process_and_reports_it(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     parent_cache = tmp_path / "parent-inductor-cache"  # must not reach any benchmark process
@@ -98,7 +97,6 @@ def bench_result(name, strategy, steady_ms, first_s, **extra):
     return {**row, "tokens_per_s": 1000.0, "peak_memory_mib": 100.0, "final_loss": 1.5, **counts, **extra}
 
 
-@pytest.mark.package_only
 def test_bench_table_compares_each_path_with_its_own_strategys_baselines():
     bench = benchmark_script("bench")
     results = [
@@ -131,7 +129,6 @@ def test_bench_table_compares_each_path_with_its_own_strategys_baselines():
     assert "| — | 0.56x | 1.00x |" in next(line for line in ddp.splitlines() if line.startswith("| `whole`"))
 
 
-@pytest.mark.package_only
 def test_optimize_ddp_and_regions_depth_and_zero_cost_and_host_cost_tables_from_known_numbers():
     optimize_ddp = benchmark_script("optimize_ddp")
     ok = {"status": "ok", "graphs": 1, "graph_breaks_other": 0, "first_step_s": 1.0}
@@ -198,7 +195,6 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_and_host_cost_tables_from_
 
 
 @pytest.mark.slow
-@pytest.mark.package_only
 def test_gpu_probe_runs_the_session_designs_on_cpu_with_the_same_loss(tmp_path):
     """The probe ``gpu_session.sh`` runs, on CPU with ``aot_eager``: the regional design trains to the whole's loss."""
     spec = importlib.util.spec_from_file_location("regions_gpu_probe", PROBE)
@@ -240,7 +236,6 @@ def test_every_command_the_docs_and_the_gpu_session_name_exists_with_its_options
                 assert set(values[option].split(",")) <= set(constant(ROOT / script, names)), command
 
 
-@pytest.mark.package_only  # the benchmarks import the package; the run against a patched Lightning has none
 def test_after_the_wrap_counts_ddp_code_that_runs_as_python_even_where_dynamo_compiles_around_it():
     """``after_the_wrap.py`` counts DDP's own frames with a profile function, which Dynamo cannot fold away.
 

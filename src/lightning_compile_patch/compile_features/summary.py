@@ -585,8 +585,8 @@ class _RunSummary(_CompileFeature):
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
         counted, _ = _counting(kwargs)
         self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend, self._skipped)
-        self._report.fell_back = lambda: any(f.fell_back for f in connector.features)
-        self._report.notes = lambda: [note for f in connector.features if (note := f.summary_note)]
+        self._report.fell_back = lambda: connector.fell_back
+        self._report.notes = lambda: [text for note in connector.notes if (text := note())]
         return counted
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
