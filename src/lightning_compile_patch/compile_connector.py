@@ -89,6 +89,9 @@ class _CompileFeature:
     #: The keys of the ``use_compile`` dict this feature owns, each with a one-line description for error messages.
     keys: ClassVar[dict[str, str]] = {}
     order: ClassVar[int] = 0
+    #: Other keys of ``use_compile`` that the feature runs only with some values of: each with those values (``None``:
+    #: the key left out) and why. The Trainer refuses any other combination when it is built.
+    runs_with: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {}
 
     @classmethod
     def wanted(cls, keys: Mapping[str, Any]) -> bool:
@@ -205,7 +208,7 @@ class _CompileConnector:
             self.options = _parse_use_compile(use_compile, {k: d for f in classes for k, d in f.keys.items()})
             keys = {**self.defaults, **self.options.keys}
             self.options = _CompileOptions(self.options.torch_kwargs, _Frozen(keys))
-            self.features = [feature(self.options) for feature in classes if feature.wanted(keys)]
+            self.features = _build_features(classes, self.options)
         # [/ladder]
         # [ladder !features use_compile] self.compile_kwargs = _parse_use_compile(use_compile)
         #: The arguments of a compiled model passed in.
@@ -292,7 +295,7 @@ class _CompileConnector:
         if not self.enabled and self.input_defaults and not self.features:
             keys = _Frozen(dict(self.input_defaults))
             self.options = _CompileOptions(_Frozen(), keys)
-            self.features = [feature(self.options) for feature in _feature_classes() if feature.wanted(keys)]
+            self.features = _build_features(_feature_classes(), self.options)
         if self.enabled and self.features:  # what `use_compile`'s features change is process-wide: one run at a time
             self._claim_the_process()
         self.given, self.fell_back, self.notes = given, False, []
@@ -555,6 +558,23 @@ def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
                 surface.reset_code(code)  # its entries, its recompile count and its "skip" mark
 
     return reset
+
+
+def _build_features(classes: tuple[type[_CompileFeature], ...], options: _CompileOptions) -> list[_CompileFeature]:
+    """The features that ``options`` turn on, in hook order; refuses a combination that one of them cannot run with."""
+    keys = options.keys
+    features = [feature(options) for feature in classes if feature.wanted(keys)]
+    for feature in features:
+        own = next(iter(feature.keys))
+        for key, (values, why) in feature.runs_with.items():
+            if keys.get(key) not in values:
+                named = [repr(value) for value in values if value is not None]
+                to = f", or set it to {' or '.join(named)}" if named else ""
+                raise ValueError(
+                    f"`Trainer(use_compile={{{own!r}: ..., {key!r}: {keys[key]!r}}})` cannot be combined: {why}."
+                    f" Remove {key!r}{to}, or remove {own!r}."
+                )
+    return features
 
 
 @functools.cache

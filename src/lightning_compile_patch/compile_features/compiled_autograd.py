@@ -56,6 +56,14 @@ class _CompiledAutograd(_CompileFeature):
         _KEY: "True, or a dict of `torch.compile` arguments for the backward: compile the backward (compiled autograd)"
     }
     order = 45
+    runs_with = {
+        "optimize_ddp": ((None, "auto", "python_reducer"), "under DDP, compiled autograd needs DDP's python reducer"),
+        "fallback": (
+            (None,),
+            "after a compile error the run would go on with the backward still compiled and, under DDP, with the python"
+            " reducer",
+        ),
+    }
 
     def __init__(self, options: _CompileOptions) -> None:
         self.value = options.keys.get(_KEY)
@@ -73,18 +81,6 @@ class _CompiledAutograd(_CompileFeature):
             raise ValueError(
                 f"`Trainer(use_compile={{'{_KEY}': {{{unknown[0]!r}: ...}}}})` is not a `torch.compile` argument."
                 f" Valid keys: {_torch_compile_keys()}."
-            )
-        if options.keys.get("optimize_ddp", "auto") not in ("auto", "python_reducer"):
-            raise ValueError(
-                f"`Trainer(use_compile={{'{_KEY}': ..., 'optimize_ddp': {options.keys['optimize_ddp']!r}}})` conflict:"
-                " under DDP, compiled autograd needs DDP's python reducer. Remove 'optimize_ddp', or set it to"
-                " 'python_reducer'."
-            )
-        if options.keys.get("fallback") is not None:
-            raise ValueError(
-                f"`Trainer(use_compile={{'{_KEY}': ..., 'fallback': ...}})` cannot be combined: after a compile error"
-                " the run would go on with the backward still compiled and, under DDP, with the python reducer. Remove"
-                f" 'fallback' or '{_KEY}'."
             )
         if _switch() is None:
             raise RuntimeError(
