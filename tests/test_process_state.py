@@ -4,20 +4,74 @@ run, and after a fallback.
 The connector's ``replace``, ``setenv``, ``enter`` and ``callback`` are the only ways a feature changes an attribute, a
 torch setting or the environment. These tests record each change as it is made, then check, once the run is over,
 that every recorded attribute and variable has its value from before the run again, and that nothing is left to undo.
+And since a change made around the connector escapes that record, each also compares the process's own state
+(:func:`process_state`) before and after.
 """
 
+import logging
 import os
+import sys
 from typing import Any
 
 import pytest
 import torch
 
 from helpers import QUIET, TORCH_2_7, TORCH_2_13, LoggingModel, ManualModel, connector_module, demo_gpt, leftovers
-from lightning.pytorch import Callback, Trainer
+import lightning.pytorch
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 pytestmark = pytest.mark.package_only  # the connector's own record of what it changed
 
 _ABSENT = object()
+#: What Lightning's DDP launcher sets in the process, stock Lightning's too.
+_NOT_OURS = ("LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "OMP_NUM_THREADS", "WORLD_SIZE", "RANK")
+
+
+def process_state() -> dict[str, Any]:
+    """The process-wide state a compiled run may change, as values to compare: the settings of Dynamo, inductor,
+    functorch and ``torch.compiler``, the environment, the import hooks, the identity of ``torch.compile`` and of
+    Lightning's compile helpers and Trainer methods, the attributes of Lightning's classes that runs touch, Dynamo's
+    inline list and its loggers' filters, and compiled autograd's switch."""
+    from torch._dynamo import compiled_autograd, trace_rules
+
+    # torch's first compile in a process, and its first optimizer of a class, set their own (Dynamo disables the
+    # optimizers' `_init_group`, inductor sets its cache directory, an optimizer class gets its profiling `step`): done
+    # before any snapshot, so that what differs is the run's
+    torch.compile(torch.nn.Linear(1, 1), backend="inductor")(torch.ones(1, 1))
+    for optimizer in (torch.optim.SGD, torch.optim.AdamW):
+        optimizer([torch.zeros(1, requires_grad=True)], lr=0.1)
+    configs = {"dynamo": torch._dynamo.config, "inductor": torch._inductor.config}
+    configs["functorch"] = torch._functorch.config
+    if hasattr(torch.compiler, "config"):
+        configs["compiler"] = torch.compiler.config
+    compile_utilities = lightning.pytorch.utilities.compile
+    loggers = [name for name in logging.root.manager.loggerDict if name.startswith("torch._dynamo")]
+    return {
+        **{name: config.get_config_copy() for name, config in configs.items()},
+        "environ": {k: v for k, v in os.environ.items() if k not in _NOT_OURS},
+        "meta_path": list(sys.meta_path),
+        "torch.compile": torch.compile,
+        "utilities.compile": dict(vars(compile_utilities)),
+        "Trainer": dict(vars(Trainer)),
+        "LightningModule": dict(vars(LightningModule)),
+        "optimizers": {
+            f"{cls.__name__}.{name}": value
+            for cls in (torch.optim.SGD, torch.optim.AdamW, torch.optim.Optimizer)
+            for name, value in vars(cls).items()
+        },
+        "inline list": set(trace_rules.LEGACY_MOD_INLINELIST),
+        "filters": {name: filters for name in loggers if (filters := list(logging.getLogger(name).filters))},
+        "compiled autograd": bool(compiled_autograd.compiled_autograd_enabled),
+    }
+
+
+def assert_same_process_state(before: dict[str, Any]) -> None:
+    after = process_state()
+    for key in before.keys() | after.keys():
+        was, now = before.get(key), after.get(key)
+        if isinstance(was, dict) and isinstance(now, dict):  # name what differs, not the whole value
+            was, now = ({k: v for k, v in d.items() if was.get(k) != now.get(k)} for d in (was, now))
+        assert now == was, key
 
 
 class ChangeLog:
@@ -67,6 +121,7 @@ class ChangeLog:
 
 def test_a_run_with_every_feature_puts_back_all_it_changed(monkeypatch, tmp_path):
     changes = ChangeLog(monkeypatch)
+    before = process_state()
     gpt = demo_gpt()
     model = gpt.GPTModule(gpt.GPTConfig(n_layer=2, n_embd=32, n_head=2, block_size=16, vocab_size=64, batch_size=4))
     use_compile = {"backend": "aot_eager", "regions": "auto", "optimize_ddp": "auto"}
@@ -80,6 +135,7 @@ def test_a_run_with_every_feature_puts_back_all_it_changed(monkeypatch, tmp_path
     expected |= {"TORCHINDUCTOR_CACHE_DIR"} if TORCH_2_7 else set()  # the cache's inductor directory, for the run
     assert expected <= changes.names(), changes.names()
     changes.assert_all_undone()
+    assert_same_process_state(before)
     assert leftovers(model) == []
     assert "_compiled_call_impl" not in vars(trainer.strategy.model)  # `nn.Module.compile`'s, undone too
 
@@ -88,6 +144,7 @@ def test_a_manual_optimization_run_puts_back_the_classes_it_gave_its_optimizers_
     # bug: the run's eager `step`s were set on the optimizer's own class and the scheduler's class swapped by hand,
     # outside the connector's record; an attribute added to a class could not be undone through it
     changes = ChangeLog(monkeypatch)
+    before = process_state()
     optimizer_class = None
 
     class Scheduled(ManualModel):
@@ -104,6 +161,7 @@ def test_a_manual_optimization_run_puts_back_the_classes_it_gave_its_optimizers_
     trainer.fit(model)
     assert {"step", "zero_grad", "__class__"} <= changes.names(), changes.names()
     changes.assert_all_undone()
+    assert_same_process_state(before)
     assert type(trainer.lr_scheduler_configs[0].scheduler) is torch.optim.lr_scheduler.StepLR
     assert "step" not in vars(optimizer_class)
     assert "zero_grad" not in vars(optimizer_class)
@@ -111,6 +169,7 @@ def test_a_manual_optimization_run_puts_back_the_classes_it_gave_its_optimizers_
 
 def test_a_failed_run_puts_back_all_it_changed(monkeypatch):
     changes = ChangeLog(monkeypatch)
+    before = process_state()
 
     class Failing(LoggingModel):
         def training_step(self, batch, batch_idx):
@@ -124,12 +183,14 @@ def test_a_failed_run_puts_back_all_it_changed(monkeypatch):
         trainer.fit(model)
     assert {"optimize_ddp", "log"} <= changes.names(), changes.names()
     changes.assert_all_undone()
+    assert_same_process_state(before)
     assert leftovers(model) == []
     assert "_compiled_call_impl" not in vars(trainer.strategy.model)
 
 
 def test_a_fallback_puts_back_what_it_compiled_at_once_and_the_run_settings_at_the_end(monkeypatch):
     changes = ChangeLog(monkeypatch)
+    before = process_state()
 
     def backend(gm, example_inputs):
         raise RuntimeError("backend exploded")
@@ -153,6 +214,7 @@ def test_a_fallback_puts_back_what_it_compiled_at_once_and_the_run_settings_at_t
     # what was compiled was undone at the fallback, in the first step: the steps after it found nothing compiled
     assert compiled_during_steps == [False, False, False], compiled_during_steps
     changes.assert_all_undone()
+    assert_same_process_state(before)
     assert leftovers(model) == []
 
 
