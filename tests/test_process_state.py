@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import QUIET, TORCH_2_7, TORCH_2_13, LoggingModel, ManualModel, connector_module, demo_gpt, leftovers
 import lightning.pytorch
+from helpers import QUIET, TORCH_2_7, TORCH_2_13, LoggingModel, ManualModel, connector_module, demo_gpt, leftovers
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 pytestmark = pytest.mark.package_only  # the connector's own record of what it changed
