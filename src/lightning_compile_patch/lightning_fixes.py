@@ -19,6 +19,7 @@ at import (:func:`install`), so both deliveries run the same code.
 
 """
 
+from copy import deepcopy
 from functools import wraps
 from typing import Any, Callable, Union
 
@@ -157,8 +158,13 @@ def _capture_compile_kwargs(compile_fn: Callable) -> Callable:
         # one that cannot be copied compiles at all; the caller's `options` dict is copied, its values are not
         compile_kwargs = {k: dict(v) if k == "options" and v else v for k, v in kwargs.items()}
         # from torch 2.6 this sets them on the module inside, which every compile of it shares, and which a copy or a
-        # pickle of the compiled module keeps; the compiled module's own copy is what this compile was given
-        compiled_model._compile_kwargs = compile_kwargs
+        # pickle of the compiled module is rebuilt from: a deep copy there, as before, which pickles as the arguments
+        # do, and none where they cannot be copied (a backend holding a lock), so that the module still pickles
+        try:
+            compiled_model._compile_kwargs = deepcopy(compile_kwargs)
+        except Exception:
+            compiled_model._compile_kwargs = None
+        # the compiled module's own: what this compile was given
         compiled_model.__dict__["_compile_kwargs"] = compile_kwargs
         return compiled_model
 

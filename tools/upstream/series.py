@@ -340,23 +340,21 @@ now keeps every argument as it was passed, but for a shallow copy of the `option
 the caller may change later (its values, which inductor lets be objects, are not copied). It
 also keeps them on the compiled module itself: `OptimizedModule.__setattr__` sets an attribute on
 the module inside (torch 2.6 and later), so a second `torch.compile` of the same module replaced
-the first one's arguments, and `Fabric.setup` compiled the first with the second's. The copy on
-the module inside stays, as before: a copy or a pickle of the compiled module (Fabric's
-`ddp_spawn` launcher) rebuilds it from the module inside, and finds them there. So
+the first one's arguments, and `Fabric.setup` compiled the first with the second's. The module
+inside keeps a deep copy, as before: a copy or a pickle of the compiled module (Fabric's
+`ddp_spawn` launcher) rebuilds it from the module inside, and finds them there, and the module
+pickles as on master. Where the arguments cannot be copied (a backend holding a lock, which
+master refused at `torch.compile`), the module inside keeps none, so it still pickles. So
 `compiled._compile_kwargs = None`, which sets the module inside's, no longer hides the compiled
 module's own: `test_unwrap_compiled` used it to stand for a module compiled before `lightning`
 was imported, and now compiles one without the capture (`torch.compile.__wrapped__`) instead.
-One consequence to weigh: the module inside now holds the backend object itself, so a backend
-that cannot be pickled (one holding a lock) makes the plain module unpicklable too
-(`pickle.dumps(model)` raises where master raised at `torch.compile`). Keeping the module
-inside's copy out of its pickled state would fix that, and lose the arguments of a pickled
-compiled module; this patch leaves it for review.
 
-**Tests.** Six in `tests_fabric/test_wrappers.py`: on master, four fail (the backend object
-compiled again, a backend that cannot be copied, the values of `options` copied, two compiles of
-one module); two guard what must stay (the copy of the `options` dict, and the arguments of a
-deep copy of a compiled module). With this patch, `tests_fabric/test_wrappers.py` and
-`tests_fabric/test_fabric.py` pass on torch 2.1.2, 2.6.0 and 2.13 (129 passed, 57 skipped).
+**Tests.** Seven in `tests_fabric/test_wrappers.py`: on master, five fail (the backend object
+compiled again, a backend that cannot be copied, and the module picklable with it, the values of
+`options` copied, two compiles of one module); two guard what must stay (the arguments kept as
+passed, and those of a deep copy of a compiled module). With this patch,
+`tests_fabric/test_wrappers.py` and `tests_fabric/test_fabric.py` pass on torch 2.13 (128 passed,
+57 skipped).
 
 Issue text:
 
@@ -368,11 +366,6 @@ Issue text:
     modules=(),
     edits=(
         ReplaceDef(FABRIC_WRAPPERS, "_capture_compile_kwargs"),
-        Replace(  # its one use was the capture's
-            FABRIC_WRAPPERS,
-            "from collections.abc import Generator, Iterator, Mapping\nfrom copy import deepcopy\n",
-            "from collections.abc import Generator, Iterator, Mapping\n",
-        ),
         Replace(
             FABRIC_WRAPPER_TESTS,
             "    compiled._compile_kwargs = None\n",

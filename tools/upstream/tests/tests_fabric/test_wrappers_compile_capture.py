@@ -45,6 +45,17 @@ def test_a_backend_that_cannot_be_copied_compiles():
 
 
 @RunIf(dynamo=True)
+def test_a_backend_that_cannot_be_copied_leaves_the_module_picklable():
+    import pickle
+
+    backend = CountingBackend()
+    backend.state = (n for n in range(3))  # what neither `copy.deepcopy` nor `pickle` takes
+    module = torch.nn.Linear(2, 2)
+    torch.compile(module, backend=backend)
+    pickle.loads(pickle.dumps(module))  # the module inside holds no arguments that cannot be copied
+
+
+@RunIf(dynamo=True)
 def test_the_other_arguments_are_kept_as_they_were_passed():
     options = {"max_autotune": False}
     compiled = torch.compile(torch.nn.Linear(2, 2), backend="inductor", options=options, dynamic=False)
