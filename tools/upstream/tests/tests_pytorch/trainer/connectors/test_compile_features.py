@@ -80,6 +80,28 @@ def test_a_feature_is_built_only_when_its_key_is_set(probe):
         Trainer(use_compile={"prob": True})
 
 
+def test_a_feature_refuses_the_values_of_another_key_it_cannot_run_with(monkeypatch):
+    class _Picky(_CompileFeature):
+        keys = {"picky": "a feature for the tests"}
+        runs_with = {"other": ((None, "fine"), "the picky feature cannot run with it")}
+
+    class _Other(_CompileFeature):
+        keys = {"other": "another feature for the tests"}
+
+    monkeypatch.setattr(compile_connector, "_feature_classes", lambda: (_Picky, _Other))
+    Trainer(use_compile={"picky": True, "other": "fine"})
+    Trainer(use_compile={"other": "wrong"})  # the picky feature is off
+    with pytest.raises(ValueError, match=r"'other': 'wrong'}\)` cannot be combined: the picky feature cannot run with"):
+        Trainer(use_compile={"picky": True, "other": "wrong"})
+
+
+def test_the_features_hooks_run_in_the_order_of_the_features_list():
+    from lightning.pytorch.trainer.connectors import compile_features
+
+    listed = [f"{compile_features.__name__}.{name}" for name in compile_features.FEATURES]
+    assert [cls.__module__ for cls in compile_connector._feature_classes()] == listed
+
+
 def test_defaults_turn_a_feature_on_for_every_use_compile_but_not_for_a_compiled_model(probe, monkeypatch, tmp_path):
     monkeypatch.setattr(_CompileConnector, "defaults", {"probe": True})
     assert len(Trainer(use_compile=True)._compile_connector.features) == 1
@@ -303,36 +325,31 @@ def _compiled_calls_per_fit_of_ten_widths(tmp_path, backend, callbacks=()):
 
 
 @RunIf(skip_windows=True)
-def test_a_process_that_fits_many_models_compiles_the_wrapper_in_every_fit(fresh_dynamo, tmp_path):
-    """Dynamo guards on each fit's new DDP wrapper in Lightning's forward redirection, which every model shares; its
-    entries are dropped when a run has grown them past half of the recompile limit, so the 9th fit is compiled too."""
+def test_a_process_that_fits_many_models_compiles_every_fit(fresh_dynamo, tmp_path):
+    """Each fit of a sweep adds entries to the code every fit shares (the model class's steps, Lightning's and torch's
+    code); a run that grew them past half of the recompile limit resets them, so the 9th fit is compiled too."""
     calls = _compiled_calls_per_fit_of_ten_widths(tmp_path, CountingBackend())
     assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
 
 
 @RunIf(skip_windows=True)
-def test_a_torch_without_the_per_code_reset_compiles_the_steps_inside_the_wrapper(fresh_dynamo, tmp_path, monkeypatch):
-    """The compile of the wrapper needs Dynamo's private per-code reset (above): on a torch without it, the steps are
-    compiled inside the wrapper, as the re-apply does, so a process's later fits are compiled too."""
-    monkeypatch.setattr(compile_connector.surface, "per_code_reset", lambda: False)
-    probe = IsCompilingInWrapperForward()
-    fallback = "the steps are compiled inside the wrapper instead"
-    with pytest.warns(UserWarning, match=fallback) as warned:
-        calls = _compiled_calls_per_fit_of_ten_widths(tmp_path, CountingBackend(), [probe])
-    assert sum(fallback in str(w.message) for w in warned) == 10  # one warning per fit
-    assert all(n >= 2 for n in calls), calls  # each training step ran a compiled graph, in every fit
-    assert probe.seen == [False] * 20  # the wrapper's own forward ran uncompiled
-
-
-@RunIf(skip_windows=True)
-def test_fullgraph_under_ddp_compiles_the_steps_inside_the_wrapper(fresh_dynamo, tmp_path):
-    """DDP's forward calls its C++ reducer, which no single graph holds: with `fullgraph=True` the steps compile."""
+def test_fullgraph_under_ddp_s_python_reducer_compiles_the_steps_inside_it(fresh_dynamo, tmp_path):
+    """Under DDP's python reducer the seam compiles DDP's call, but not with `fullgraph=True`: the steps compile."""
     backend = CountingBackend()
     probe = IsCompilingInWrapperForward()
     use_compile = {"backend": backend, "fullgraph": True}
     trainer = Trainer(default_root_dir=tmp_path, use_compile=use_compile, callbacks=[probe], **_DDP_KWARGS)
-    trainer.fit(BoringModel())
-    assert probe.seen == [False, False]  # the wrapper runs eagerly
+    with (
+        torch._dynamo.config.patch(optimize_ddp="python_reducer"),
+        torch._inductor.config.patch(
+            _fuse_ddp_communication=torch._inductor.config._fuse_ddp_communication,
+            _fuse_ddp_bucket_size=torch._inductor.config._fuse_ddp_bucket_size,
+        ),
+    ):
+        trainer.fit(BoringModel())
+    torch._dynamo.trace_rules.LEGACY_MOD_INLINELIST.discard("torch.nn.parallel.distributed")
+    torch._dynamo.trace_rules.get_legacy_mod_inlinelist.cache_clear()
+    assert probe.seen == [False, False]  # DDP's call runs eagerly
     assert backend.calls == 2  # and each step ran its compiled graph inside it
 
 
