@@ -29,12 +29,6 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 #: Whether the installed torch is 2.13 or newer (the version this package is developed on); older ones differ in places.
 TORCH_2_13 = Version(torch.__version__.split("+")[0]) >= Version("2.13")
 TORCH_2_7 = Version(torch.__version__.split("+")[0]) >= Version("2.7")
-#: Whether Dynamo steps into `DistributedDataParallel.forward` as `test_stages.py` expects: under the python reducer it
-#: traces DDP's forward with the step; under DDP's C++ reducer it breaks at the inner module call
-#: (`_inside_ddp_forward`), and DDP's `_pre_forward`/`_post_forward` still run as Python on every torch measured
-#: (`benchmarks/after_the_wrap.py`). Measured: `test_stages.py` passes on 2.8.0, 2.9.1 and 2.13; on 2.6.0 both tests
-#: that need this fail (2.7 was not run).
-DDP_FORWARD_TRACED = Version(torch.__version__.split("+")[0]) >= Version("2.8")
 
 QUIET = {
     "logger": False,

@@ -17,7 +17,7 @@ import pytest
 from torch._dynamo.utils import get_compilation_metrics
 from torch.utils.data import DataLoader
 
-from helpers import QUIET, TORCH_2_13, CountingBackend, LoggingModel, dynamo_stats, last_summary
+from helpers import QUIET, CountingBackend, LoggingModel, dynamo_stats, last_summary
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import RandomDataset
 
@@ -123,16 +123,10 @@ def test_new_trainers_and_models_reuse_the_compiled_graphs(strategy):
         calls.append(backend.calls - calls_before)
     stats = dynamo_stats()
     assert graphs[0] > 0
-    if strategy == "ddp" and not TORCH_2_13:
-        # before torch 2.13 Dynamo guards on the identity of the module whose call it compiled, and every fit builds a
-        # new DDP wrapper: one more training graph per fit (the validation step, compiled on the module, is reused;
-        # the code a run crowds is reset when it ends), never an eager step
-        assert graphs == [graphs[0] + n for n in (0, 1, 2)]
-    else:
-        assert graphs == [graphs[0]] * 3
+    assert graphs == [graphs[0]] * 3  # under DDP too: its call is not compiled, so a new wrapper guards nothing
     assert calls == [calls[0]] * 3  # each later run ran the same compiled code, none of it went eager
     assert calls[0] >= 3 + 2  # 3 training steps and 2 validation steps, each through a compiled graph
-    assert stats.max_entries_per_code <= (2 if TORCH_2_13 or strategy == "auto" else 2 * 3)
+    assert stats.max_entries_per_code <= 2
 
 
 def test_hitting_the_recompile_limit_warns(monkeypatch):

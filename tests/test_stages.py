@@ -8,7 +8,6 @@ from torch.nn.parallel import DistributedDataParallel
 from helpers import (
     DDP_BOUNDARY,
     DDP_BREAKS,
-    DDP_FORWARD_TRACED,
     QUIET,
     CountingBackend,
     LoggingModel,
@@ -115,18 +114,11 @@ def test_validate_after_fit_compiles_nothing_new(strategy):
     assert backend.calls - calls >= STAGE_LIMITS["limit_val_batches"]  # and its steps ran fit's compiled graph
 
 
-#: On torch 2.6 the compiled call still starts at DDP's forward, but neither test below passes there.
-NEEDS_DDP_FORWARD_TRACED = pytest.mark.xfail(
-    not DDP_FORWARD_TRACED, reason="this torch does not trace DDP's forward", strict=True
-)
-
-
 class ReducerProbe(Callback):
     def on_train_batch_start(self, trainer, *args):
         self.python_reducer = trainer.strategy.model._use_python_reducer
 
 
-@NEEDS_DDP_FORWARD_TRACED
 def test_ddp_forward_is_inside_the_compiled_region():
     """Under the python reducer the compiled call traces DDP's own forward with the step.
 
