@@ -111,6 +111,8 @@ class _Step:
     #: When it started, in Dynamo's clock for compilation metrics (microseconds since the epoch).
     started_us: int = 0
     compiled: bool = False
+    #: Whether a graph of what it calls (a function or module compiled on its own) ran, not of its own code.
+    called_graphs: bool = False
 
 
 #: The steps in progress, innermost last (a compiled run is one at a time in a process: see the connector).
@@ -132,8 +134,12 @@ class _CountingBackend:
         def run(*args: Any) -> Any:
             # whose graph this is can only be told when it runs: a graph compiled while a step ran compiled may run
             # later from a step that runs eagerly (a helper behind a graph break, once the step hit the limit)
-            if _STEPS and not _STEPS[-1].compiled and _runs_in_step_code(sys._getframe(1)):
-                _STEPS[-1].compiled = True
+            if _STEPS and not _STEPS[-1].compiled:
+                step = _STEPS[-1]
+                if _runs_in_step_code(sys._getframe(1)):
+                    step.compiled = True
+                else:
+                    step.called_graphs = True
             return compiled(*args)
 
         run._boxed_call = getattr(compiled, "_boxed_call", False)
@@ -453,9 +459,14 @@ class _CompileReport:
         if cause not in self._warned and cause != "fallback":  # `fallback` warned when it fell back
             self._warned.add(cause)
             article = "an" if kind[0] in "aeiou" else "a"
+            ran = (
+                "ran its own code eagerly (graphs of what it calls ran compiled)"
+                if step.called_graphs
+                else "ran eagerly (no graph of its own or of what it calls ran)"
+            )
             rank_zero_warn(
-                f"`use_compile`: {article} {kind} step ({self.summary.stage}) ran without compiled code: {explanation}"
-                " The run goes on uncompiled where this happens; the summary at the end counts such steps by cause."
+                f"`use_compile`: {article} {kind} step ({self.summary.stage}) {ran}: {explanation} The run goes on"
+                " uncompiled where this happens; the summary at the end counts such steps by cause."
             )
 
     def _eager_cause(self, step_function: Any, step_started_us: int) -> tuple[str, str]:
