@@ -30,7 +30,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -76,21 +75,9 @@ def upstream_path(module: str) -> str:
     return f"{path}/__init__.py" if upstream_modules.module_path(module).name == "__init__.py" else f"{path}.py"
 
 
-#: An entry of ``compile_features.FEATURES``: one feature module's name, on a line of its own.
-_FEATURE_ENTRY = re.compile(r'^    "(\w+)",.*\n', re.MULTILINE)
-
-
-def render_module(module: str, layers: set[str], features: Optional[set[str]] = None) -> str:
-    """A package module as Lightning code, with the lines of ``layers`` (``tools/upstream/layers.py``).
-
-    ``compile_features`` lists the feature modules in hook order: in a patch, it lists those of ``features``, the
-    feature modules the ladder has added up to it.
-    """
-    text = upstream_modules.module_path(module).read_text()
-    if module == "compile_features" and features is not None:
-        text = _FEATURE_ENTRY.sub(lambda entry: entry.group(0) if entry.group(1) in features else "", text)
-        text = text.replace("= (\n)", "= ()")  # none yet
-    source = render(text, layers)
+def render_module(module: str, layers: set[str]) -> str:
+    """A package module as Lightning code, with the lines of ``layers`` (``tools/upstream/layers.py``)."""
+    source = render(upstream_modules.module_path(module).read_text(), layers)
     if not source:
         return source  # an empty package `__init__.py`, as Lightning's are
     renames = {f"lightning_compile_patch.{name}": target for name, target in UPSTREAM_MODULES.items()}
@@ -317,13 +304,9 @@ def patch_sections(base: Base, base_name: str) -> Iterator[tuple[Patch, dict[str
         if index >= core_size and base_name == "master":
             state = dict(core_state)
         sections: dict[str, str] = {}
-        features = {name for name in upstream_modules.FEATURES if upstream_path(f"compile_features.{name}") in state}
-        added = {name for module in patch.modules if (name := module.partition(".")[2]) in upstream_modules.FEATURES}
-        features |= added
-        listed = ("compile_features",) if added else ()  # a patch that adds a feature adds it to the list too
-        for module in dict.fromkeys((*patch.modules, *listed)):
+        for module in patch.modules:
             path = upstream_path(module)
-            before, state[path] = state.get(path), render_module(module, layers, features)
+            before, state[path] = state.get(path), render_module(module, layers)
             sections[path] = file_diff(path, before, state[path])
         for test in patch.tests:
             path = f"tests/{test}"

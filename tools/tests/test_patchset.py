@@ -190,8 +190,8 @@ def test_added_tests_refuse_an_import_the_file_lacks_and_a_name_it_has(tmp_path,
 def test_drift_is_detected(monkeypatch):
     original = patchset.render_module
 
-    def changed(module, layers, features=None):
-        text = original(module, layers, features)
+    def changed(module, layers):
+        text = original(module, layers)
         return text.replace("a compile of", "a compile, of") if module == "compile_connector" else text
 
     monkeypatch.setattr(patchset, "render_module", changed)
@@ -302,15 +302,3 @@ def test_every_rung_on_the_core_alone_leaves_importable_code(base_name, tmp_path
             text=True,
         )
         assert result.returncode == 0, result.stdout
-
-
-def test_the_features_list_of_each_patch_names_the_features_added_so_far_in_the_packages_order():
-    from lightning_compile_patch import compile_features
-
-    def listed(features):
-        text = patchset.render_module("compile_features", set(), features)
-        return ast.literal_eval(text.partition("FEATURES: tuple[str, ...] = ")[2].strip())
-
-    assert listed(set()) == ()  # the seam's patch: no feature yet
-    assert listed({"regions", "cache"}) == ("cache", "regions")
-    assert listed(set(compile_features.FEATURES)) == compile_features.FEATURES

@@ -46,7 +46,16 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(HERE.parent))
 
 import lightning_ci  # noqa: E402
-from upstream.series import _UNWRAP_NEW, _UNWRAP_OLD, REAPPLY, USE_COMPILE, AddTests, Patch, series  # noqa: E402
+from upstream.series import (  # noqa: E402
+    _UNWRAP_NEW,
+    _UNWRAP_OLD,
+    FEATURE_SEAM,
+    REAPPLY,
+    USE_COMPILE,
+    AddTests,
+    Patch,
+    series,
+)
 
 #: Lightning's own tests of its compile helpers and of a compiled model in the Trainer, whose code the re-apply changes.
 LIGHTNING_COMPILE_TESTS = "tests_pytorch/utilities/test_compile.py"
@@ -205,6 +214,20 @@ def fixes_that_do_not_apply_alone(base: Path, tmp: Path, patches: list) -> list[
     return failed
 
 
+def ladders_that_do_not_apply(base: Path, tmp: Path, patches: list) -> list[str]:
+    """Of what the master ladder promises to apply with ``git am -3``: all of it, and the seam with each later rung."""
+    seam = [patch.subject for patch in patches].index(FEATURE_SEAM.subject) + 1
+    ladders = {"all": patches, **{patch.path.name: [*patches[:seam], patch] for patch in patches[seam:]}}
+    failed = []
+    for number, (name, ladder) in enumerate(ladders.items()):
+        tree = tmp / f"ladder-{number}"
+        lightning_ci.git(tmp, "clone", "-q", str(base), str(tree))
+        if lightning_ci.am(tree, ladder, check=False).returncode:
+            failed.append(name)
+        shutil.rmtree(tree)
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -221,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
         base = lightning_ci.base_repository(args.lightning, tmp)
         not_alone = fixes_that_do_not_apply_alone(base, tmp, patches)
         print(f"each fix alone: {'ok' if not not_alone else 'WRONG: ' + ', '.join(not_alone)}", flush=True)
+        not_applied = ladders_that_do_not_apply(base, tmp, patches)
+        applied = "ok" if not not_applied else "WRONG: " + ", ".join(not_applied)
+        print(f"the whole ladder, and the seam with each later rung: {applied}", flush=True)
+        not_alone += not_applied
         for target in targets():
             run_target(args, base, tmp, target, patches)
             done.append(target)

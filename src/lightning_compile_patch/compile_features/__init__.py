@@ -1,7 +1,9 @@
 """The features of ``Trainer(use_compile=...)``: one module per key of the ``use_compile`` dict, named after it.
 
 Each module names its ``_CompileFeature`` as ``FEATURE``. Their hooks run in the order of :data:`FEATURES`
-(``teardown`` in reverse); each feature's ``order`` says how its ``wrap`` nests around the compiled call.
+(``teardown`` in reverse); each feature's ``order`` says how its ``wrap`` nests around the compiled call. The list
+names every feature; a Lightning that has some of their modules only (a fork that took some of the patches that add
+them) runs those, in this order.
 
 """
 
