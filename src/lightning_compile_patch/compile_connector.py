@@ -14,7 +14,7 @@ Compiled steps do not pickle: for a launcher that pickles the model (``strategy=
 import contextlib  # noqa: I001 (`tools/upstream/layers.py` merges the layers' `typing` imports)  # [ladder use_compile]
 import difflib  # [ladder use_compile]
 import functools  # [ladder features]
-import importlib.util  # [ladder features]
+import importlib  # [ladder features]
 import inspect  # [ladder use_compile]
 import os  # [ladder use_compile]
 import re  # [ladder features]
@@ -580,9 +580,16 @@ def _build_features(classes: tuple[type[_CompileFeature], ...], options: _Compil
 @functools.cache
 def _feature_classes() -> tuple[type[_CompileFeature], ...]:
     """The ``FEATURE`` of each module that ``compile_features.FEATURES`` lists and this Lightning has, in its order."""
-    package = compile_features.__name__
-    names = [name for name in compile_features.FEATURES if importlib.util.find_spec(f"{package}.{name}") is not None]
-    return tuple(importlib.import_module(f"{package}.{name}").FEATURE for name in names)
+    classes = []
+    for name in compile_features.FEATURES:
+        module = f"{compile_features.__name__}.{name}"
+        try:
+            classes.append(importlib.import_module(module).FEATURE)
+        except ModuleNotFoundError as error:
+            if error.name != module:
+                raise
+            # the patch that adds this feature is not in this Lightning
+    return tuple(classes)
 
 
 # [/ladder]

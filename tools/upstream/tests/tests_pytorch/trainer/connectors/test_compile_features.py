@@ -105,6 +105,18 @@ def test_the_features_hooks_run_in_the_order_of_the_features_list():
     assert [cls.__module__ for cls in compile_connector._feature_classes()] == present
 
 
+def test_a_listed_feature_whose_patch_this_lightning_lacks_is_left_out(monkeypatch):
+    from lightning.pytorch.trainer.connectors import compile_features
+
+    monkeypatch.setattr(compile_features, "FEATURES", (*compile_features.FEATURES, "not_taken"))
+    compile_connector._feature_classes.cache_clear()
+    try:
+        modules = [cls.__module__.rpartition(".")[2] for cls in compile_connector._feature_classes()]
+    finally:
+        compile_connector._feature_classes.cache_clear()
+    assert "not_taken" not in modules
+
+
 def test_defaults_turn_a_feature_on_for_every_use_compile_but_not_for_a_compiled_model(probe, monkeypatch, tmp_path):
     monkeypatch.setattr(_CompileConnector, "defaults", {"probe": True})
     assert len(Trainer(use_compile=True)._compile_connector.features) == 1
