@@ -179,6 +179,7 @@ OPTION_VALUES = {
     "dynamic_lr": False,
     "list_outputs": False,
     "eager_optimizer_steps": False,
+    "in_parts": False,
     "fallback": "eager",
     "regions": ["Linear"],
     "optimize_ddp": "python_reducer",

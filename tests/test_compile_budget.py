@@ -98,9 +98,9 @@ def test_each_trial_names_the_cause_of_a_step_dynamo_skipped_from_its_own_run():
     causes = []
     for _ in range(3):  # a new Trainer each: the same model class, as a sweep's trials
         trainer = Trainer(use_compile={"backend": "eager"}, **{**QUIET, "max_steps": 1, "limit_val_batches": 2})
-        with pytest.warns(UserWarning, match=r"ran (its own code )?eagerly \("):
+        with pytest.warns(UserWarning, match=r"ran compiled in parts \("):  # the step calls the model's `forward`
             trainer.fit(LoopedValidation())
-        causes.append(last_summary(trainer).eager_causes)
+        causes.append(last_summary(trainer).parts_causes)
     assert causes == [{"skipped: graph break in loop": 2}] * 3
 
 

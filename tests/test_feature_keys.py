@@ -61,6 +61,7 @@ def test_a_compiled_model_without_use_compile_gets_no_backend_and_no_process_wid
 def test_use_compile_builds_the_packages_defaults_and_the_keys_it_sets():
     defaults = ["compile_budget", "compile_errors", "no_grad_evaluation", "defer_logging", "dynamic_loop_counters"]
     defaults += ["eager_metrics", "optimize_ddp", "eager_optimizer_steps", "dynamic_lr", "list_outputs", "stage_guards"]
+    defaults += ["in_parts"]
     assert feature_names(Trainer(use_compile=True)) == sorted([*defaults, "summary", "check_tensor_parallel"])
     with_fallback = Trainer(use_compile={"fallback": "eager"})
     assert feature_names(with_fallback) == sorted([*defaults, "fallback", "summary", "check_tensor_parallel"])
@@ -86,6 +87,7 @@ def test_a_key_set_to_false_turns_a_default_off():
         "no_grad_evaluation",
         "dynamic_lr",
         "eager_optimizer_steps",
+        "in_parts",
     ],
 )
 def test_a_feature_flag_must_be_a_bool(key):

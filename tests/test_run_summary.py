@@ -83,7 +83,7 @@ def test_an_eager_evaluation_step_is_warned_in_plain_english():
     trainer = Trainer(use_compile={"backend": exploding_backend}, max_steps=0, **{**QUIET, "limit_val_batches": 2})
     with (
         torch._dynamo.config.patch(suppress_errors=True),
-        pytest.warns(UserWarning, match=r"ran (its own code )?eagerly \(") as caught,
+        pytest.warns(UserWarning, match=r"ran eagerly \(") as caught,
     ):
         trainer.validate(BoringModel())
     warned = [str(w.message) for w in caught if " step (validate) ran " in str(w.message)]
@@ -102,21 +102,20 @@ def backend_failing_in(frame_name):
     return backend
 
 
-def test_a_skipped_step_counts_as_eager_though_the_functions_it_calls_run_compiled():
+def test_a_skipped_step_counts_as_compiled_in_parts_where_only_the_functions_it_calls_run_compiled():
     # the step's code is skipped while the model's forward, called from it, is compiled as a frame of its own: only the
-    # forward's graphs run. Counting every graph that ran during the step would call such a step compiled.
+    # forward's graphs run. Counting every graph that ran during the step would call such a step compiled; counting
+    # none, eager.
     trainer = Trainer(use_compile={"backend": backend_failing_in("training_step")}, **FIT)
     with (
         torch._dynamo.config.patch(suppress_errors=True),
         # the warning says what ran: not "without compiled code"
-        pytest.warns(
-            UserWarning, match=r"step \(fit\) ran its own code eagerly \(graphs of what it calls ran compiled\)"
-        ),
+        pytest.warns(UserWarning, match=r"step \(fit\) ran compiled in parts \(its own code eagerly, the graphs of"),
     ):
         trainer.fit(BoringModel())
     assert dynamo_stats().graphs == 1  # the forward's
-    assert last_summary(trainer).eager_steps == {"training": 3}
-    assert last_summary(trainer).compiled_steps == {}
+    assert last_summary(trainer).parts_steps == {"training": 3}
+    assert last_summary(trainer).compiled_steps == last_summary(trainer).eager_steps == {}
 
 
 def test_a_fallback_is_counted_but_not_warned_twice():
@@ -226,8 +225,8 @@ def test_a_step_counts_as_compiled_only_when_a_graph_of_its_own_code_ran_during_
         trainer.fit(StepThenHelper())
     summary = last_summary(trainer)
     assert summary.compiled_steps == {"training": 2}  # batch_idx 0 and 1: the step's own graphs ran
-    assert summary.eager_steps == {"training": 3}
-    assert summary.eager_causes == {"recompile limit": 3}
+    assert summary.parts_steps == {"training": 3}  # the helper's graph ran
+    assert summary.parts_causes == {"recompile limit": 3}
 
 
 class LoopedChunks(BoringModel):
@@ -262,14 +261,14 @@ def test_a_step_dynamo_skips_for_a_graph_break_in_its_loop_is_warned_with_dynamo
     # bug: the warning blamed "an earlier error in this process or `torch.compiler.disable`"
     epoch_of_3 = {**FIT, "max_steps": -1, "max_epochs": 1, "limit_train_batches": 3}  # manual optimization: 2 per step
     trainer = Trainer(use_compile={"backend": "aot_eager"}, **epoch_of_3)
-    with pytest.warns(UserWarning, match=r"ran (its own code )?eagerly \(") as caught:
+    with pytest.warns(UserWarning, match=r"ran compiled in parts \(") as caught:
         trainer.fit(LoopedChunks())
     (warned,) = [str(w.message) for w in caught if " step (fit) ran " in str(w.message)]
     assert "loop" in warned, warned  # Dynamo's own reason
     assert "earlier" not in warned, warned  # not a guess
     assert f"{__file__}:" in warned  # where the graph break is
     assert "method of its own" in warned  # and what to do about it
-    assert last_summary(trainer).eager_causes == {LOOP_SKIP: 3}, warned
+    assert last_summary(trainer).parts_causes == {LOOP_SKIP: 3}, warned
 
 
 class ChunksInAMethod(LoopedChunks):
@@ -291,24 +290,24 @@ class ChunksInAMethod(LoopedChunks):
 def test_a_step_that_only_calls_a_method_dynamo_skips_is_warned_with_that_methods_reason():
     # bug: the step's own frame compiled no graph and did not fail, so it was warned with a guess ("an earlier error")
     trainer = Trainer(use_compile={"backend": "aot_eager"}, **{**FIT, "max_steps": -1, "max_epochs": 1})
-    with pytest.warns(UserWarning, match=r"ran (its own code )?eagerly \(") as caught:
+    with pytest.warns(UserWarning, match=r"ran compiled in parts \(") as caught:
         trainer.fit(ChunksInAMethod(), train_dataloaders=DataLoader(RandomDataset(32, 3 * 2), batch_size=2))
     (warned,) = [str(w.message) for w in caught if " step (fit) ran " in str(w.message)]
     assert "`optimize_in_chunks`" in warned, warned  # the frame Dynamo skipped, and why
     assert "earlier" not in warned, warned
-    assert last_summary(trainer).eager_causes == {LOOP_SKIP: 3}
+    assert last_summary(trainer).parts_causes == {LOOP_SKIP: 3}
 
 
 @CAUSES_FROM_2_13
 def test_a_later_run_of_the_trainer_names_the_cause_its_earlier_run_found():
     # bug: Dynamo keeps the frame it skipped in `fit` skipped, so `validate` found no failure of its own and guessed
     trainer = Trainer(use_compile={"backend": "aot_eager"}, **{**QUIET, "max_steps": 1, "limit_val_batches": 2})
-    with pytest.warns(UserWarning, match=r"ran (its own code )?eagerly \("):
+    with pytest.warns(UserWarning, match=r"ran compiled in parts \("):
         trainer.fit(model := LoopedValidation())
-    with pytest.warns(UserWarning, match=r"ran (its own code )?eagerly \(") as caught:
+    with pytest.warns(UserWarning, match=r"ran compiled in parts \(") as caught:
         trainer.validate(model)
     assert all("earlier" not in str(w.message) for w in caught)
-    assert last_summary(trainer).eager_causes == {LOOP_SKIP: 2}
+    assert last_summary(trainer).parts_causes == {LOOP_SKIP: 2}
 
 
 class LoopedStepCountedValidation(LoopedChunks):
@@ -329,7 +328,8 @@ def test_only_the_steps_whose_own_frame_hit_the_recompile_limit_are_labelled_wit
         trainer.fit(LoopedStepCountedValidation())
     summary = last_summary(trainer)
     assert summary.compiled_steps == {"evaluation": 4}  # batch_idx 0 and 1 of each validation
-    assert summary.eager_causes == {LOOP_SKIP: 4, "recompile limit": 4}
+    # the model's `forward` and `self.cell` ran compiled in both: each step ran compiled in parts
+    assert summary.parts_causes == {LOOP_SKIP: 4, "recompile limit": 4}
 
 
 class BreaksMidStep(BoringModel):
@@ -373,7 +373,7 @@ def test_a_step_marked_compiler_disable_is_labelled_so():
     trainer = Trainer(use_compile={"backend": "aot_eager"}, **FIT)
     with pytest.warns(UserWarning, match="marked `torch.compiler.disable`"):
         trainer.fit(DisabledStep())
-    assert last_summary(trainer).eager_causes == {"torch.compiler.disable": 3}
+    assert last_summary(trainer).parts_causes == {"torch.compiler.disable": 3}
 
 
 class FlagsOnly(BoringModel):

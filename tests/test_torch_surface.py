@@ -265,6 +265,15 @@ def test_a_failed_compile_raises_one_of_dynamos_errors_from_dynamos_own_code():
     assert any(frame.filename.startswith(surface.DYNAMO_DIR) for frame in frames)
 
 
+@exercises("BACKEND_FAILED")
+def test_a_backend_that_raises_fails_the_compile_with_dynamos_backend_error():
+    def exploding(gm, example_inputs):
+        raise RuntimeError("backend exploded")
+
+    with pytest.raises(surface.BACKEND_FAILED, match="backend exploded"):
+        torch.compile(lambda x: torch.sin(x) + 1, backend=exploding)(torch.ones(2))
+
+
 @exercises("WRAPPING_ERRORS")
 def test_a_type_error_of_a_builtin_dynamo_evaluates_reaches_the_caller_wrapped_by_dynamo():
     def f(x):

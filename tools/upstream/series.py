@@ -996,6 +996,28 @@ mock of `torch.optim.SGD.step` still sees every call.""",
     fixed=True,
 )
 
+IN_PARTS = _feature(
+    "in_parts",
+    "Compile the modules a step calls where `Trainer(use_compile=...)` cannot compile the step whole",
+    """\
+Dynamo gives up on a whole frame in some steps: a graph break inside a loop (truncated BPTT as
+`common/tbptt.rst` writes it, a `print` in a `for` loop) or an exception raised inside the traced
+code that nothing there handles ("Observed exception", a tensor subclass whose `shape` reads
+`super().shape`). It then runs the frame uncompiled, and the modules of `torch.nn` that the frame
+calls too: a step that loops over chunks calling two `nn.Sequential` ran no graph at all. With
+`use_compile={"in_parts": True}`, each submodule of the LightningModule that holds parameters is
+compiled in place for the run, at every depth, through a function with a code object of its own
+(Dynamo keeps entries and counts recompiles per code object). Where the step compiles whole, its
+graph traces through them as before: the same graph, no graph break. Where it does not, each module
+call runs its own graph. Under a single device and DDP; metrics, what regions compiled and a step
+marked `torch.compiler.disable` are left as they are.""",
+    "Avoid graph breaks",
+    "- Fixed a step that PyTorch cannot compile whole running wholly uncompiled: with"
+    f' `Trainer(use_compile={{"in_parts": True}})` the modules it calls run compiled {ISSUE}',
+    4,
+    fixed=True,
+)
+
 SERIES: tuple[Patch, ...] = (
     FIX_FORWARD_REDIRECTION,
     FIX_FROM_COMPILED,
@@ -1020,6 +1042,7 @@ SERIES: tuple[Patch, ...] = (
     PARAM_GROUPS,
     STEP_OUTPUTS,
     OPTIMIZER_STEPS,
+    IN_PARTS,
 )
 
 

@@ -25,6 +25,7 @@ FEATURE_DEFAULTS = types.MappingProxyType(
         "check_tensor_parallel": True,  # refuse what tensor parallelism cannot compile whole, before the first step
         "dynamic_lr": True,  # the learning rate a step reads from `self.optimizers()` does not recompile it
         "eager_optimizer_steps": True,  # manual optimization's `opt.step()`/`sch.step()` run outside the graph
+        "in_parts": True,  # where Dynamo cannot compile a step whole, the modules it calls still run compiled
         "optimize_ddp": "auto",  # DDP's graph split only with more than one process
     }
 )

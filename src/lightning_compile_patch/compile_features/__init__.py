@@ -22,6 +22,7 @@ FEATURES: tuple[str, ...] = (
     "eager_optimizer_steps",
     "dynamic_lr",
     "regions",
+    "in_parts",  # after `regions`: a module a region compiled is left as it is
     "summary",
     "list_outputs",
     "check_tensor_parallel",  # after `regions`: what a region compiles with its hooks passes the check

@@ -158,6 +158,8 @@ COMPILE_ERRORS: tuple[type[BaseException], ...] = tuple(
     for error in (torch._dynamo.exc.TorchDynamoException, getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None))
     if error is not None
 )
+#: What a compile raises when the backend failed on a graph (2.1-2.15): it would fail on any other frame too.
+BACKEND_FAILED = torch._dynamo.exc.BackendCompilerFailed
 #: What Dynamo raises when the traced code's own call raised: an op on fake tensors, or a builtin it evaluated.
 WRAPPING_ERRORS = (torch._dynamo.exc.TorchRuntimeError, torch._dynamo.exc.InternalTorchDynamoError)
 #: Where Dynamo's own Python code lives: an exception raised there is a failure to compile, whatever its type.

@@ -61,7 +61,7 @@ def _check_tensor_parallel(module: nn.Module) -> None:
 
 
 def _compiled_with_its_hooks(module: nn.Module, name: str) -> bool:
-    """Whether the submodule ``name``, or one that holds it, is compiled in place (a region): its hooks in its graph."""
+    """Whether the submodule ``name``, or one that holds it, is compiled in place (a region), its hooks with it."""
     parts = name.split(".")
     holders = (module.get_submodule(".".join(parts[:depth])) for depth in range(len(parts) + 1))
     return any(holder._compiled_call_impl is not None for holder in holders)

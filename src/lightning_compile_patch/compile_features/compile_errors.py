@@ -181,7 +181,7 @@ def named_error(connector: _CompileConnector, error: BaseException) -> Exception
 def failure_message(connector: _CompileConnector, error: BaseException, fallback: bool) -> str:
     """What failed, where, and (unless falling back) what to do about it."""
     first_paragraph = str(error).strip().split("\n\n")[0].replace("\n", " ")
-    reason = f"{type(error).__name__}: {first_paragraph}"
+    reason = f"{type(error).__name__}: {first_paragraph.rstrip('. ')}"
     message = f"`use_compile` could not compile the {describe_run(connector)}: {reason}."
     if fallback:
         return message

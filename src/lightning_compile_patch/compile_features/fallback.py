@@ -1,21 +1,34 @@
-"""``use_compile={"fallback": "eager"}``: when compilation fails, warn once and continue the run uncompiled.
+"""``use_compile={"fallback": "eager"}``: when compilation fails, warn once and continue, compiled where it can be.
 
-Without it, a compile error stops the run with an error that names it (``compile_errors.py``). With it, the compiled
-call that raised a compile error is run again eagerly, every module is uncompiled, and every later step of the run
-runs eagerly too (the run summary counts them as eager, with the cause "fallback"). The next run compiles again.
+Without it, a compile error stops the run with an error that names it (``compile_errors.py``). With it, the frame
+whose compile failed is run uncompiled from then on, and the call is run again at once (and so on, for a frame it calls
+that fails in turn): the rest of the step (what it calls, compiled in parts by ``in_parts.py``, or a method compiled on
+its own) stays compiled, and the warning says so. A frame fails as it is entered, before any of it runs; where it is
+called from the step's own code, the part of the step before the call runs again, as it does for the eager rerun.
+Where that fails too, or where the backend itself failed (it would fail on any frame), every module is uncompiled and
+every later step of the run runs eagerly (the run summary counts them as eager, with the cause "fallback"), and the
+warning says that. The next run compiles again.
 A compile error is one of Dynamo's errors (an error of the step's own code that Dynamo wrapped among them, such as a
 ``TypeError`` of a torch op on fake tensors: the eager step then raises it, or handles it, as written), or any error
 raised in Dynamo's own code (``compile_errors.is_compile_error``).
 
 """
 
-from typing import Any, Callable
+import re
+import time
+import types
+from typing import Any, Callable, Optional
 
+import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_features import _torch_surface as surface
 from lightning_compile_patch.compile_features.compile_errors import failure_message, is_compile_error
 
 _CHOICES = (None, "eager")
+#: How many frames one call runs uncompiled, one after another as each fails, before the run goes on wholly uncompiled
+#: (pytorch-forecasting's DeepAR fails in seven nested ones, inside its validation step's sampling).
+_MOST_FRAMES = 16
 
 
 class _Fallback(_CompileFeature):
@@ -34,6 +47,9 @@ class _Fallback(_CompileFeature):
                 " uncompiled."
             )
 
+    def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
+        self.skipped: set[types.CodeType] = set()  # the frames whose compile failed in this run
+
     def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
         if self.fallback != "eager":
             return compiled
@@ -45,20 +61,71 @@ class _Fallback(_CompileFeature):
             # `wrapped_forward` on the module: the part that ran before the error may have taken it off already
             module = connector.trainer.lightning_module if module_call else None
             redirected = module.__dict__.get("forward") if module is not None else None
+
+            def redirect() -> None:
+                if module is not None and redirected is not None:
+                    # the call again runs the step, not the module's own forward
+                    module.forward = redirected  # type: ignore[method-assign]
+
+            started_us = time.time_ns() // 1000
             try:
                 return compiled(*args, **kwargs)
             except Exception as error:
                 if not is_compile_error(error):  # the step's own error: the eager step would raise it too
                     raise
-                message = failure_message(connector, error, fallback=True)
-                rank_zero_warn(f"{message} It continues uncompiled (`fallback='eager'`).")
-                connector.fall_back()
-                if module is not None and redirected is not None:
-                    # the eager call runs the step, not the module's own forward
-                    module.forward = redirected  # type: ignore[method-assign]
-                return original(*args, **kwargs)
+                failed = error
+            first, skipped = failed, []
+            while not isinstance(failed, surface.BACKEND_FAILED) and len(skipped) < _MOST_FRAMES:
+                code = _failed_code(started_us)
+                if code is None or code in self.skipped:
+                    break
+                # that frame runs uncompiled from now on, what it calls compiled; its compile failed as it was entered
+                self.skipped.add(code)
+                skipped.append(code)
+                surface.skip_code(code)
+                connector.defer(surface.reset_code, code, scope="run")
+                redirect()
+                started_us = time.time_ns() // 1000
+                try:
+                    out = compiled(*args, **kwargs)
+                except Exception as error:
+                    if not is_compile_error(error):
+                        raise
+                    failed = error
+                    continue
+                names = ", ".join(_frame_name(code) for code in skipped)
+                rank_zero_warn(
+                    f"{failure_message(connector, first, fallback=True)} It continues with {names} uncompiled, and"
+                    " the rest compiled (`fallback='eager'`)."
+                )
+                return out
+            message = failure_message(connector, failed, fallback=True)
+            rank_zero_warn(f"{message} It continues uncompiled (`fallback='eager'`).")
+            connector.fall_back()
+            redirect()
+            return original(*args, **kwargs)
 
         return run
+
+
+def _frame_name(code: types.CodeType) -> str:
+    """``fn``, or ``the rest of `fn` after line 12`` for the code Dynamo resumes ``fn`` with after a graph break."""
+    resumed = re.fullmatch(r"torch_dynamo_resume_in_(.+)_at_(\d+)", code.co_name)
+    return f"the rest of `{resumed[1]}` after line {resumed[2]}" if resumed else f"`{code.co_name}`"
+
+
+def _failed_code(since_us: float) -> Optional[types.CodeType]:
+    """The code object of the newest frame whose compile failed since ``since_us``, from Dynamo's records."""
+    for metrics in reversed(surface.compilation_metrics()):
+        if surface.started_us(metrics) < since_us:
+            return None
+        if getattr(metrics, "fail_type", None):
+            key = (metrics.co_name, metrics.co_filename, metrics.co_firstlineno)
+            codes = (ref() for ref in reversed(surface.converted_codes()))
+            return next(
+                (c for c in codes if c is not None and (c.co_name, c.co_filename, c.co_firstlineno) == key), None
+            )
+    return None
 
 
 FEATURE = _Fallback

@@ -3,11 +3,13 @@
 * While compiling: one rank-zero line when the first compiled step of a kind (training, evaluation) starts, and one
   when it has finished, with the seconds. Without them a cold compile looks like a run that hangs at step 0.
 * A warning as soon as any frame hits Dynamo's recompile limit, after which Dynamo runs it uncompiled.
-* Every step the strategy runs, counted compiled or eager by kind. A step is compiled when a graph of its own compiled
-  code ran during it: the backend is wrapped so that each graph, when it runs, tells whether it was called from the
-  step's compiled code (a graph of a function that an eager step calls does not count), and steps after a fallback
+* Every step the strategy runs, counted by kind as compiled, compiled in parts, or eager. A step is compiled when a
+  graph of its own compiled code ran during it: the backend is wrapped so that each graph, when it runs, tells whether
+  it was called from the step's compiled code. A step whose own code ran eagerly is compiled in parts when a graph of
+  what it calls ran (a module compiled on its own, ``in_parts.py``), and eager when none did. Steps after a fallback
   still count, as eager.
-* Each eager step gets the cause of its own frame, told in one warning per cause with the fix: a fallback,
+* Each eager step, and each step compiled in parts, gets the cause of its own frame, told in one warning per cause
+  with the fix: a fallback,
   ``torch.compiler.disable``, the recompile limit (only where that frame hit it), a frame Dynamo skipped, with
   Dynamo's own reason from its compilation metrics (a graph break inside a loop skips the whole frame),
   ``suppress_errors``.
@@ -72,11 +74,14 @@ class _CompileSummary:
     expected_in: set[str] = field(default_factory=set)
     compile_seconds: float = 0.0
     recompile_limit_hits: list[str] = field(default_factory=list)
-    #: Steps that ran compiled code, and steps that ran none, by kind ("training", "evaluation").
+    #: Steps that ran their own compiled code, and steps that ran none, by kind ("training", "evaluation").
     compiled_steps: dict[str, int] = field(default_factory=dict)
     eager_steps: dict[str, int] = field(default_factory=dict)
     #: Why the eager steps ran eager: the number of steps for each cause.
     eager_causes: dict[str, int] = field(default_factory=dict)
+    #: Steps whose own code ran eagerly while graphs of what they call ran, by kind, and why their own code did.
+    parts_steps: dict[str, int] = field(default_factory=dict)
+    parts_causes: dict[str, int] = field(default_factory=dict)
     #: Whether the run went on uncompiled after a compile error (``fallback="eager"``).
     fell_back: bool = False
     #: What other features say of the run (a feature's ``summary_note``), such as how regions were compiled.
@@ -90,11 +95,14 @@ class _CompileSummary:
             breaks += f" ({self.expected_breaks} expected: {where})"
         hits = f", {_count(len(self.recompile_limit_hits), 'recompile-limit hit')}" if self.recompile_limit_hits else ""
         steps = ", ".join(
-            f"{kind} {self.compiled_steps.get(kind, 0)} compiled / {self.eager_steps.get(kind, 0)} eager"
-            for kind in sorted({*self.compiled_steps, *self.eager_steps})
+            f"{kind} {self.compiled_steps.get(kind, 0)} compiled"
+            + (f" / {self.parts_steps[kind]} in parts" if self.parts_steps.get(kind) else "")
+            + f" / {self.eager_steps.get(kind, 0)} eager"
+            for kind in sorted({*self.compiled_steps, *self.parts_steps, *self.eager_steps})
         )
-        if self.eager_causes:
-            steps += f" (eager: {', '.join(f'{n} {cause}' for cause, n in sorted(self.eager_causes.items()))})"
+        for label, causes in (("in parts", self.parts_causes), ("eager", self.eager_causes)):
+            if causes:
+                steps += f" ({label}: {', '.join(f'{n} {cause}' for cause, n in sorted(causes.items()))})"
         return (
             f"`use_compile` ({self.stage}, {strategy}, {backend}): {_count(self.graphs, 'graph')},"
             f" {_count(self.recompiles, 'recompile')}, {breaks}{hits}, steps: {steps or 'none'}"
@@ -133,14 +141,16 @@ class _CountingBackend:
 
         def run(*args: Any) -> Any:
             # whose graph this is can only be told when it runs: a graph compiled while a step ran compiled may run
-            # later from a step that runs eagerly (a helper behind a graph break, once the step hit the limit)
+            # later from a step that runs eagerly (a helper behind a graph break, once the step hit the limit). It
+            # counts once it has run: a graph that raised ran nothing.
+            out = compiled(*args)
             if _STEPS and not _STEPS[-1].compiled:
                 step = _STEPS[-1]
                 if _runs_in_step_code(sys._getframe(1)):
                     step.compiled = True
                 else:
                     step.called_graphs = True
-            return compiled(*args)
+            return out
 
         run._boxed_call = getattr(compiled, "_boxed_call", False)
         return run
@@ -370,7 +380,7 @@ class _CompileReport:
     def __init__(self, stage: str, strategy: str, backend: str, skipped: dict[_Key, tuple[str, str]]) -> None:
         self.summary = _CompileSummary(stage)
         #: The causes already warned about: each is told once per run.
-        self._warned: set[str] = set()
+        self._warned: set[tuple[str, bool]] = set()
         #: Whether the run went on uncompiled on purpose (``fallback="eager"``): no warning of our own then.
         self.fell_back: Callable[[], bool] = lambda: False
         self.notes: Callable[[], list[str]] = list
@@ -449,24 +459,29 @@ class _CompileReport:
         return run
 
     def _count_step(self, step: _Step, compiled: bool, step_function: Any) -> None:
-        kind = step.kind
-        steps = self.summary.compiled_steps if compiled else self.summary.eager_steps
+        kind, summary = step.kind, self.summary
+        in_parts = not compiled and step.called_graphs and not self.fell_back()
+        steps = summary.compiled_steps if compiled else summary.parts_steps if in_parts else summary.eager_steps
         steps[kind] = steps.get(kind, 0) + 1
         if compiled:
             return
         cause, explanation = self._eager_cause(step_function, step.started_us)
-        self.summary.eager_causes[cause] = self.summary.eager_causes.get(cause, 0) + 1
-        if cause not in self._warned and cause != "fallback":  # `fallback` warned when it fell back
-            self._warned.add(cause)
+        causes = summary.parts_causes if in_parts else summary.eager_causes
+        causes[cause] = causes.get(cause, 0) + 1
+        if (cause, in_parts) not in self._warned and cause != "fallback":  # `fallback` warned when it fell back
+            self._warned.add((cause, in_parts))
             article = "an" if kind[0] in "aeiou" else "a"
-            ran = (
-                "ran its own code eagerly (graphs of what it calls ran compiled)"
-                if step.called_graphs
-                else "ran eagerly (no graph of its own or of what it calls ran)"
-            )
+            if in_parts:
+                ran = (
+                    "ran compiled in parts (its own code eagerly, the graphs of modules or functions it calls compiled)"
+                )
+                goes_on = "Its own code runs uncompiled where this happens"
+            else:
+                ran = "ran eagerly (no graph of its own or of what it calls ran)"
+                goes_on = "The run goes on uncompiled where this happens"
             rank_zero_warn(
-                f"`use_compile`: {article} {kind} step ({self.summary.stage}) {ran}: {explanation} The run goes on"
-                " uncompiled where this happens; the summary at the end counts such steps by cause."
+                f"`use_compile`: {article} {kind} step ({summary.stage}) {ran}: {explanation} {goes_on}; the summary at"
+                " the end counts such steps by cause."
             )
 
     def _eager_cause(self, step_function: Any, step_started_us: int) -> tuple[str, str]:

@@ -292,7 +292,10 @@ class IsCompilingInWrapperForward(Callback):
 def test_ddp_s_call_is_compiled_under_its_python_reducer_only(fresh_dynamo, tmp_path, python_reducer):
     """A forward pre-hook on the DDP wrapper sees ``is_compiling()`` where DDP runs its python reducer, which traces
     DDP's forward with the step; under its C++ reducer the steps are compiled inside the wrapper, as without the seam.
-    A compiled model passed in without ``use_compile`` gets the re-apply alone: its steps compiled inside it."""
+
+    A compiled model passed in without ``use_compile`` gets the re-apply alone: its steps compiled inside it.
+
+    """
     setting = "python_reducer" if python_reducer else torch._dynamo.config.optimize_ddp
     with (
         torch._dynamo.config.patch(optimize_ddp=setting),
