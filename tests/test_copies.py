@@ -77,6 +77,12 @@ def plain(name: str, copied: object) -> None:
     if name == "model":
         assert copied._compiler_ctx is None
         assert not {"forward", "log", "__getstate__", "training_step", "toggle_optimizer"} & set(vars(copied))
+        # its submodules too: `in_parts` binds a compiled `forward` to each during the run
+        assert not any({"forward", "__getstate__"} & set(vars(sub)) for sub in copied.modules())
+        x = torch.ones(1, 32)
+        torch.testing.assert_close(
+            copied.layer(x), torch.nn.functional.linear(x, copied.layer.weight, copied.layer.bias)
+        )
     if name == "metric":
         assert not {"forward", "__getstate__"} & set(vars(copied))
         copied.reset()

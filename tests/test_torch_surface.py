@@ -316,6 +316,7 @@ def test_ddp_built_under_the_python_reducer_is_told_synced_and_undone(tmp_path):
         traced_before = surface.ddp_file_traced()
         plain = nn.parallel.DistributedDataParallel(nn.BatchNorm1d(2))
         assert not surface.ddp_uses_python_reducer(plain)
+        assert not surface.ddp_uses_python_reducer(nn.BatchNorm1d(2))  # no DDP at all
         # building DDP under the python reducer sets inductor's DDP fusion for the process: the patch puts it back
         fusion = {
             name: getattr(surface.inductor_config, name)

@@ -28,7 +28,6 @@ from typing import Union  # [ladder use_compile]
 
 import torch
 from torch._dynamo import OptimizedModule
-from torch.nn.parallel import DistributedDataParallel  # [ladder features]
 
 import lightning.pytorch as pl
 import lightning_compile_patch.compile_features as compile_features  # [ladder features]
@@ -330,7 +329,7 @@ class _CompileConnector:
         # [ladder features]
         wrapper = self.trainer.strategy.model
         if (
-            _python_reducer(wrapper)
+            surface.ddp_uses_python_reducer(wrapper)  # the one setup where compiling DDP's call traces DDP's code
             and (self.enabled or self.input_defaults)
             and self._compile_wrapper(wrapper, kwargs)
         ):
@@ -511,11 +510,6 @@ class _CompileConnector:
 
 
 # [ladder features]
-def _python_reducer(wrapper: Any) -> bool:
-    """Whether the strategy wraps the model in a DDP that runs its python reducer, which traces DDP's forward."""
-    return isinstance(wrapper, DistributedDataParallel) and surface.ddp_uses_python_reducer(wrapper)
-
-
 def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
     """What resets, when the run ends, the shared code whose entries it grew past half of Dynamo's recompile limit.
 

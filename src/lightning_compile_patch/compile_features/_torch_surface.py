@@ -196,9 +196,9 @@ def stop_tracing_ddp_file() -> None:
     torch._dynamo.trace_rules.get_legacy_mod_inlinelist.cache_clear()
 
 
-def ddp_uses_python_reducer(wrapper: DistributedDataParallel) -> bool:
-    """Whether DDP was built with its python reducer, which compiled autograd can trace (2.6-2.15)."""
-    return bool(getattr(wrapper, "_use_python_reducer", False))
+def ddp_uses_python_reducer(wrapper: Any) -> bool:
+    """Whether ``wrapper`` is a DDP built with its python reducer, which compiled autograd can trace (2.6-2.15)."""
+    return isinstance(wrapper, DistributedDataParallel) and bool(getattr(wrapper, "_use_python_reducer", False))
 
 
 def remove_reducer_hooks(wrapper: DistributedDataParallel) -> None:

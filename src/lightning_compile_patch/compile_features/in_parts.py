@@ -66,7 +66,8 @@ def compile_parts(module: nn.Module, kwargs: Mapping[str, Any], replace: Callabl
             # its `forward` calls the region as an opaque function, so Dynamo would skip it where it loops over them
             holds_compiled = any(_compiled_already(sub) for sub in child.modules())
             if type(child).forward is not nn.Module.forward and not holds_compiled:  # a `ModuleList` has no call
-                _PARTS[child] = _Part(torch.compile(_own_code(_part), **kwargs))
+                call = _own_code(_part)
+                _PARTS[child] = _Part(torch.compile(call, **kwargs), call.__code__)
                 replace(child, "forward", types.MethodType(_part_forward(type(child)), child))
                 parts.append(child)
             visit(child)
@@ -83,14 +84,11 @@ class _Part:
     """A module's compiled call, when it runs on its own, and whether it has."""
 
     compiled: Callable[..., Any]
+    #: The code object Dynamo compiles the module's call from: its entries are this module's only.
+    code: types.CodeType
     ran: bool = False
-    #: Why its compile failed, if it did: it runs uncompiled from then on.
+    #: What torch raised on it, if it did (its compile, or its graph): it runs uncompiled from then on.
     failed: Optional[str] = None
-
-    @property
-    def code(self) -> types.CodeType:
-        """The code object Dynamo compiles the module's call from: its entries are this module's only."""
-        return self.compiled._torchdynamo_orig_callable.__code__  # type: ignore[attr-defined]
 
 
 #: The compiled call of each module compiled in parts (its `forward`, from `_part_forward`, reaches it here).

@@ -9,8 +9,6 @@ host overhead, so ``"auto"`` (the default) splits only with more than one proces
 from collections.abc import Mapping
 from typing import Any
 
-from torch.nn.parallel import DistributedDataParallel
-
 from lightning.pytorch.strategies import DDPStrategy
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
 from lightning_compile_patch.compile_features import _torch_surface as surface
@@ -48,7 +46,7 @@ class _OptimizeDDP(_CompileFeature):
 
     def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
         wrapper = connector.trainer.strategy.model
-        python_reducer = isinstance(wrapper, DistributedDataParallel) and surface.ddp_uses_python_reducer(wrapper)
+        python_reducer = surface.ddp_uses_python_reducer(wrapper)
         if surface.dynamo_config.optimize_ddp == "python_reducer" and not python_reducer:
             raise RuntimeError(
                 "`use_compile={'optimize_ddp': 'python_reducer'}` was set before DDP was built, but DDP uses its C++"
