@@ -246,7 +246,11 @@ def leftovers(module: nn.Module) -> list[str]:
         for attr in ("forward", "training_step", "validation_step", "test_step", "predict_step", "log", "log_dict")
         if _shadowed(module, attr)
     ]
-    found += [f"{name}.forward" for name, sub in module.named_modules() if name and "forward" in vars(sub)]
+    found += [
+        f"{name}.forward"
+        for name, sub in module.named_modules()
+        if name and "forward" in vars(sub) and not isinstance(sub, torch.jit.ScriptModule)  # TorchScript keeps its own
+    ]
     if getattr(module, "_compiler_ctx", None) is not None:
         found.append("root._compiler_ctx")
     return found

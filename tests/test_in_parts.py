@@ -377,3 +377,14 @@ def test_a_module_keeps_its_forward_s_signature_during_the_run_and_nothing_after
     model, _, _, _ = train(Inspects, {"backend": "aot_eager"})
     assert seen[0] == (str(inspect.signature(nn.Sequential().forward)), True)  # `(input)`, not `(*args, **kwargs)`
     assert "forward" not in vars(model.encoder)
+
+
+def test_a_torchscript_submodule_is_left_as_it_is():
+    # TorchScript's module holds a `forward` of its own, which Python cannot set (`_CachedForward`)
+    class Scripted(ChunkLoop):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.jit.script(nn.Linear(16, 2))
+
+    summary, _ = assert_trains_as_eager(Scripted, {"backend": "aot_eager"})
+    assert summary.notes == ["in parts: 1 module ran compiled on its own (`encoder`)"]

@@ -167,7 +167,7 @@ def outcome(parts: list[nn.Module], since_us: float) -> tuple[list[nn.Module], d
 
 
 def _compiled_already(module: nn.Module) -> bool:
-    """Whether ``module`` is compiled in place already: a region, or the user's own ``module.compile()``."""
+    """Whether ``module`` is compiled in place already: a region, the user's own ``module.compile()``, TorchScript."""
     return "forward" in vars(module) or module._compiled_call_impl is not None
 
 
