@@ -63,6 +63,9 @@ def _run_record(fn: str, summary: Any, error: Optional[BaseException]) -> dict[s
         "compiled_steps": dict(summary.compiled_steps),
         "eager_steps": dict(summary.eager_steps),
         "eager_causes": dict(getattr(summary, "eager_causes", {}) or {}),
+        "parts_steps": dict(
+            getattr(summary, "parts_steps", {}) or {}
+        ),  # their own code eagerly, what they call compiled
         "recompile_limit_hits": [str(hit) for hit in summary.recompile_limit_hits],
     }
 

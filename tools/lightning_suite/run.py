@@ -285,7 +285,7 @@ def runs_section(name: str, tests: dict[str, dict], limit: Optional[int]) -> lis
     """
     runs = [run for record in tests.values() for run in record["runs"]]
     summarized = [run for run in runs if run["compiled"]]
-    compiled, eager, causes, cause_tests, hits = Counter(), Counter(), Counter(), Counter(), Counter()
+    compiled, parts, eager, causes, cause_tests, hits = Counter(), Counter(), Counter(), Counter(), Counter(), Counter()
     eager_tests = []
     for nodeid, record in tests.items():
         mine = Counter()
@@ -293,6 +293,7 @@ def runs_section(name: str, tests: dict[str, dict], limit: Optional[int]) -> lis
             if not run["compiled"]:
                 continue
             compiled.update(run["compiled_steps"])
+            parts.update(run.get("parts_steps", {}))
             eager.update(run["eager_steps"])
             mine.update(run["eager_steps"])
             causes.update(run.get("eager_causes", {}))
@@ -305,11 +306,11 @@ def runs_section(name: str, tests: dict[str, dict], limit: Optional[int]) -> lis
     lines = [
         f"### Runs in `{name}`",
         "",
-        "| runs (fit/validate/test/predict) | with a compile summary | steps compiled | steps eager | recompiles"
-        " | recompile-limit hits | tests with eager steps |",
-        "|---|---|---|---|---|---|---|",
-        f"| {len(runs)} | {len(summarized)} | {steps(compiled)} | {steps(eager)} | {recompiles} | {limit_hits}"
-        f" | {len(eager_tests)} |",
+        "| runs (fit/validate/test/predict) | with a compile summary | steps compiled | steps in parts | steps eager"
+        " | recompiles | recompile-limit hits | tests with eager steps |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {len(runs)} | {len(summarized)} | {steps(compiled)} | {steps(parts)} | {steps(eager)} | {recompiles}"
+        f" | {limit_hits} | {len(eager_tests)} |",
         "",
     ]
     if causes:

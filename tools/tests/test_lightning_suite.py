@@ -37,12 +37,13 @@ def test_report_fails_on_a_new_failure_and_counts_steps() -> None:
         "compiled_steps": {"training": 3},
         "eager_steps": {"training": 2},
         "eager_causes": {"a cause": 2},
+        "parts_steps": {"evaluation": 4},
         "recompile_limit_hits": [],
     }
     stock = {"t::a": record("t::a", "passed")}
     table, wrong = run.report({"stock": stock, "compiled": {"t::a": record("t::a", "passed", [summary])}}, {}, {}, "x")
     assert not wrong
-    assert "| 1 | 1 | training 3 | training 2 | 1 | 0 | 1 |" in table
+    assert "| 1 | 1 | training 3 | evaluation 4 | training 2 | 1 | 0 | 1 |" in table
     assert "| a cause | 2 | 1 |" in table
     _, wrong = run.report({"stock": stock, "compiled": {"t::a": record("t::a", "failed")}}, {}, {}, "x")
     assert wrong
