@@ -388,3 +388,15 @@ def test_a_torchscript_submodule_is_left_as_it_is():
 
     summary, _ = assert_trains_as_eager(Scripted, {"backend": "aot_eager"})
     assert summary.notes == ["in parts: 1 module ran compiled on its own (`encoder`)"]
+
+
+def test_a_step_marked_compiler_disable_keeps_what_it_calls_uncompiled():
+    # the mark says "this and all it calls": the modules compiled on their own would run compiled inside it
+    class Disabled(TwoModules):
+        training_step = torch.compiler.disable(TwoModules.training_step)
+
+    backend = CountingBackend("disabled")
+    summary, _ = assert_trains_as_eager(Disabled, {"backend": backend})
+    assert summary.notes == []
+    assert summary.eager_steps["training"] == 4
+    assert summary.compiled_steps == {"evaluation": 2}  # the validation step, compiled whole

@@ -265,6 +265,17 @@ def test_a_failed_compile_raises_one_of_dynamos_errors_from_dynamos_own_code():
     assert any(frame.filename.startswith(surface.DYNAMO_DIR) for frame in frames)
 
 
+@exercises("compiler_disabled")
+def test_a_function_marked_compiler_disable_is_told_with_its_reason():
+    def f(x):
+        return x
+
+    assert surface.compiler_disabled(f) is None
+    assert surface.compiler_disabled(torch.compiler.disable(f)) == ""
+    if TORCH_2_7:  # `reason` is torch 2.7's
+        assert surface.compiler_disabled(torch.compiler.disable(f, reason="a reason")) == "a reason"
+
+
 @exercises("BACKEND_FAILED")
 def test_a_backend_that_raises_fails_the_compile_with_dynamos_backend_error():
     def exploding(gm, example_inputs):

@@ -138,6 +138,17 @@ def skip_code(code: types.CodeType) -> None:
     (skip or torch._C._dynamo.eval_frame.skip_code)(code)
 
 
+def compiler_disabled(function: Any) -> Optional[str]:
+    """Why ``function`` is marked ``torch.compiler.disable`` (``""`` without a reason), or ``None`` where it is not.
+
+    ``_torchdynamo_disable`` on its wrapper (2.1-2.15), the ``reason`` in ``_torchdynamo_disable_msg`` (2.7-2.15).
+
+    """
+    if not getattr(function, "_torchdynamo_disable", False):
+        return None
+    return str(getattr(function, "_torchdynamo_disable_msg", None) or "")
+
+
 # Backends and errors.
 
 

@@ -197,7 +197,7 @@ class _InParts(_CompileFeature):
             not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy))
             or isinstance(strategy, DeepSpeedStrategy)
             or kwargs.get("fullgraph")  # the step compiles whole, or the run stops
-            or any(getattr(getattr(module, name, None), "_torchdynamo_disable", False) for name in _STEPS)
+            or any(surface.compiler_disabled(getattr(module, name, None)) is not None for name in _STEPS)
         ):
             return {}
         since_us = time.time_ns() // 1000

@@ -230,8 +230,7 @@ _NO_TENSOR_WORK = (
 def _step_codes(function: Any) -> tuple[list[CodeType], Optional[str]]:
     """The code of a step function and of what it wraps (a user's decorator), and why it is compiler-disabled, if so.
 
-    ``torch.compiler.disable`` marks its wrapper ``_torchdynamo_disable`` (torch 2.0+), with the ``reason`` given in
-    ``_torchdynamo_disable_msg`` (torch 2.7+).
+    ``torch.compiler.disable`` marks its wrapper (``surface.compiler_disabled``).
 
     """
     codes: list[CodeType] = []
@@ -239,8 +238,8 @@ def _step_codes(function: Any) -> tuple[list[CodeType], Optional[str]]:
     for _ in range(16):  # a chain of wrappers: `functools.partial`, `functools.wraps`, a bound method, `disable`'s
         if function is None:
             break
-        if disabled is None and getattr(function, "_torchdynamo_disable", False):
-            disabled = str(getattr(function, "_torchdynamo_disable_msg", None) or "")
+        if disabled is None:
+            disabled = surface.compiler_disabled(function)
         code = getattr(getattr(function, "__func__", function), "__code__", None)
         if code is not None:
             codes.append(code)
