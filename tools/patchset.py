@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from upstream import package_module  # noqa: E402
-from upstream.layers import render  # noqa: E402
 from upstream.series import BASES, CORE_STACK, AddTests, InsertAfter, Patch, Replace, ReplaceDef, series  # noqa: E402
 
 upstream_modules = package_module("upstream_modules")
@@ -44,6 +43,7 @@ UPSTREAM_MODULES = upstream_modules.UPSTREAM_MODULES
 PATCHES_DIR = ROOT / "patches"
 PACKAGE_DIR = ROOT / "src" / "lightning_compile_patch"
 UPSTREAM_TESTS = ROOT / "tools" / "upstream" / "tests"
+RUNGS = ROOT / "tools" / "upstream" / "rungs"
 AUTHOR = "lightning-compile-patch <lightning-compile-patch@users.noreply.github.com>"
 DATE = "Mon, 30 Nov 2026 00:00:00 +0000"
 GIT_VERSION = "2.39.5"
@@ -75,9 +75,16 @@ def upstream_path(module: str) -> str:
     return f"{path}/__init__.py" if upstream_modules.module_path(module).name == "__init__.py" else f"{path}.py"
 
 
-def render_module(module: str, layers: set[str]) -> str:
-    """A package module as Lightning code, with the lines of ``layers`` (``tools/upstream/layers.py``)."""
-    source = render(upstream_modules.module_path(module).read_text(), layers)
+def source_file(module: str, rung: str = "") -> Path:
+    """The file of a package module as the patch of ``rung`` adds it: the rung's own, or else the package's."""
+    package_file = upstream_modules.module_path(module)
+    earlier = RUNGS / rung / package_file.relative_to(PACKAGE_DIR) if rung else None
+    return earlier if earlier is not None and earlier.exists() else package_file
+
+
+def render_module(module: str, rung: str = "") -> str:
+    """A package module as Lightning code, as the patch of ``rung`` adds it (``Patch.rung``)."""
+    source = source_file(module, rung).read_text()
     if not source:
         return source  # an empty package `__init__.py`, as Lightning's are
     renames = {f"lightning_compile_patch.{name}": target for name, target in UPSTREAM_MODULES.items()}
@@ -130,15 +137,24 @@ def _def_span(tree: ast.Module, name: str, cls: str | None) -> tuple[int, int]:
     return first, node.end_lineno
 
 
-def fixed_source(edit: ReplaceDef, layers: set[str]) -> str:
-    """The fixed version of a Lightning function, from the package's ``lightning_fixes``, with ``layers``."""
-    source = (PACKAGE_DIR / "lightning_fixes.py").read_text()
-    tree, lines = ast.parse(source), source.splitlines(keepends=True)
+def fixed_source(edit: ReplaceDef, rung: str = "") -> str:
+    """The fixed version of a Lightning function: the rung's own (``Patch.rung``), or else the package's."""
+    sources = [
+        path.read_text()
+        for path in dict.fromkeys((source_file("lightning_fixes", rung), PACKAGE_DIR / "lightning_fixes.py"))
+    ]
     defs = []
     for name in (edit.name, *edit.then):
-        first, last = _def_span(tree, name, edit.cls)
-        defs.append(render("".join(lines[first - 1 : last]), layers))
+        source = next(source for source in sources if _defines(ast.parse(source), name, edit.cls))
+        first, last = _def_span(ast.parse(source), name, edit.cls)
+        defs.append("".join(source.splitlines(keepends=True)[first - 1 : last]))
     return "\n\n".join(defs)
+
+
+def _defines(tree: ast.Module, name: str, cls: str | None) -> bool:
+    """Whether ``tree`` defines the function ``name`` (a method of ``cls``, if given)."""
+    scope = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls] if cls else [tree]
+    return any(isinstance(n, ast.FunctionDef) and n.name == name for owner in scope for n in owner.body)
 
 
 Edit = Replace | InsertAfter | ReplaceDef | AddTests
@@ -188,14 +204,14 @@ def add_tests(content: str, edit: AddTests) -> str:
     return "".join(lines)
 
 
-def apply_edit(content: str, edit: Edit, layers: set[str]) -> str:
+def apply_edit(content: str, edit: Edit, rung: str = "") -> str:
     """``content`` with ``edit`` applied; raises if the edit's anchor is not where it should be."""
     if isinstance(edit, AddTests):
         return add_tests(content, edit)
     if isinstance(edit, ReplaceDef):
         first, last = _def_span(ast.parse(content), edit.name, edit.cls)
         lines = content.splitlines(keepends=True)
-        return "".join([*lines[: first - 1], fixed_source(edit, layers), *lines[last:]])
+        return "".join([*lines[: first - 1], fixed_source(edit, rung), *lines[last:]])
     if isinstance(edit, InsertAfter):
         lines = content.splitlines(keepends=True)
         # in a CHANGELOG, only the unreleased section: older releases repeat some lines
@@ -211,12 +227,12 @@ def apply_edit(content: str, edit: Edit, layers: set[str]) -> str:
     return content.replace(edit.old, edit.new)
 
 
-def edit_line_changes(edit: Edit, layers: set[str]) -> tuple[list[str] | None, list[str]]:
+def edit_line_changes(edit: Edit, rung: str = "") -> tuple[list[str] | None, list[str]]:
     """The lines an edit removes (``None``: unknown without the base) and adds. Edits replace whole lines."""
     if isinstance(edit, AddTests):  # and maybe imports, which only the base tells
         return None, [*edit.body().splitlines(), *(ast.unparse(node) for node in edit.imports())]
     if isinstance(edit, ReplaceDef):
-        return None, fixed_source(edit, layers).splitlines()
+        return None, fixed_source(edit, rung).splitlines()
     if isinstance(edit, InsertAfter):
         return [], edit.text.splitlines()
     removed, added = [], []
@@ -278,19 +294,6 @@ class InstalledLightning(Base):
 _UNKNOWN_BASE = "<the base lacks this file>"
 
 
-def patch_layers(base_name: str) -> Iterator[tuple[Patch, set[str]]]:
-    """Each patch of the ladder, with the layers of the package modules it is made with (its own and its base's)."""
-    layers: set[str] = set()
-    core_layers: set[str] = set()
-    for index, patch in enumerate(series(base_name)):
-        if index >= len(CORE_STACK) and base_name == "master":
-            layers = set(core_layers)
-        layers |= set(patch.layers)
-        if index == len(CORE_STACK) - 1:
-            core_layers = set(layers)
-        yield patch, set(layers)
-
-
 def patch_sections(base: Base, base_name: str) -> Iterator[tuple[Patch, dict[str, str]]]:
     """For each patch of the ladder, its file sections by path.
 
@@ -300,13 +303,13 @@ def patch_sections(base: Base, base_name: str) -> Iterator[tuple[Patch, dict[str
     state: dict[str, str] = {}
     core_state: dict[str, str] = {}
     core_size = len(CORE_STACK)
-    for index, (patch, layers) in enumerate(patch_layers(base_name)):
+    for index, patch in enumerate(series(base_name)):
         if index >= core_size and base_name == "master":
             state = dict(core_state)
         sections: dict[str, str] = {}
         for module in patch.modules:
             path = upstream_path(module)
-            before, state[path] = state.get(path), render_module(module, layers)
+            before, state[path] = state.get(path), render_module(module, patch.rung)
             sections[path] = file_diff(path, before, state[path])
         for test in patch.tests:
             path = f"tests/{test}"
@@ -319,7 +322,7 @@ def patch_sections(base: Base, base_name: str) -> Iterator[tuple[Patch, dict[str
             after = before
             for edit in patch.edits:
                 if edit.path == path:
-                    after = apply_edit(after, edit, layers)
+                    after = apply_edit(after, edit, patch.rung)
             sections[path] = file_diff(path, before, after)
             state[path] = after
         if index == core_size - 1:
@@ -379,7 +382,6 @@ def check(base: Base, base_name: str) -> list[str]:
     expected_names = [patch_filename(n, p) for n, p in enumerate(ladder, start=1)]
     if list(committed) != expected_names:
         return [f"{folder.name} holds {list(committed)}, the ladder is {expected_names}"]
-    layers = [patch_layers for _, patch_layers in patch_layers(base_name)]
     for number, (patch, sections) in enumerate(patch_sections(base, base_name), start=1):
         name = f"{folder.name}/{patch_filename(number, patch)}"
         head, committed_sections = split_sections(committed[patch_filename(number, patch)])
@@ -390,20 +392,20 @@ def check(base: Base, base_name: str) -> list[str]:
             problems.append(f"{name}: the subject or message differs from tools/upstream/series.py")
         for path, section in sections.items():
             if section is _UNKNOWN_BASE:
-                problems += _check_edited_lines(name, path, committed_sections[path], patch, layers[number - 1])
+                problems += _check_edited_lines(name, path, committed_sections[path], patch)
             elif committed_sections[path] != section:
                 problems.append(f"{name}: {path} differs from the regenerated file")
     return problems
 
 
-def _check_edited_lines(name: str, path: str, section: str, patch: Patch, layers: set[str]) -> list[str]:
+def _check_edited_lines(name: str, path: str, section: str, patch: Patch) -> list[str]:
     """Without the base file: the section must add exactly the lines the edits add, and remove the known ones."""
     removed: list[str] = []
     added: list[str] = []
     whole_defs = False
     for edit in patch.edits:
         if edit.path == path:
-            r, a = edit_line_changes(edit, layers)
+            r, a = edit_line_changes(edit, patch.rung)
             whole_defs |= r is None
             removed += r or []
             added += a

@@ -5,45 +5,35 @@ Compiled steps do not pickle: for a launcher that pickles the model (``strategy=
 :meth:`~_CompileConnector.compile` compiles its steps in place, with the same arguments, right after ``strategy.setup``.
 
 """
-# [ladder package]
-# The upstream ladder (`tools/upstream/series.py`) takes this module in layers, by the tags of its lines (see
-# `tools/upstream/layers.py`): `use_compile` comes with the `Trainer(use_compile=...)` patch, `features` with the fork's
-# feature seam, and untagged lines with the re-apply patch. The package runs the file as it is, every layer in.
-# [/ladder]
 
-import contextlib  # noqa: I001 (`tools/upstream/layers.py` merges the layers' `typing` imports)  # [ladder use_compile]
-import difflib  # [ladder use_compile]
-import functools  # [ladder features]
-import importlib  # [ladder features]
-import inspect  # [ladder use_compile]
-import os  # [ladder use_compile]
-import re  # [ladder features]
-import types  # [ladder features]
+import contextlib
+import difflib
+import functools
+import importlib
+import inspect
+import os
+import re
+import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field  # [ladder features]
-from typing import Any, Optional, cast
-from typing import Callable  # [ladder use_compile]
-from typing import ClassVar, Literal  # [ladder features]
-from typing import Union  # [ladder use_compile]
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal, Optional, Union, cast
 
 import torch
 from torch._dynamo import OptimizedModule
 
 import lightning.pytorch as pl
-import lightning_compile_patch.compile_features as compile_features  # [ladder features]
-from lightning_compile_patch.compile_features import _torch_surface as surface  # [ladder features]
-from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6  # [ladder use_compile]
+import lightning_compile_patch.compile_features as compile_features
+from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning.fabric.wrappers import _unwrap_compiled
-from lightning.pytorch.strategies import ModelParallelStrategy  # [ladder features]
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
-from lightning.pytorch.trainer.states import TrainerStatus  # [ladder features]
+from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.compile import _verify_strategy_can_compile, from_compiled, to_uncompiled
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info  # [ladder use_compile]
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning_compile_patch.compile_features import _torch_surface as surface
 
-_USE_COMPILE = Optional[Union[bool, dict[str, Any]]]  # [ladder use_compile]
-_Scope = Literal["compile", "run"]  # [ladder features]
-# [ladder features]
+_USE_COMPILE = Optional[Union[bool, dict[str, Any]]]
+_Scope = Literal["compile", "run"]
 
 
 class _Frozen(dict):
@@ -72,7 +62,6 @@ class _CompileFeature:
     A feature is built only for a Trainer whose ``use_compile`` sets one of its keys (or :attr:`defaults` does), so a
     feature left unset changes nothing. Hooks run in the order of ``compile_features.FEATURES``, ``teardown`` in
     reverse, on every path. ``order`` only says how ``wrap`` nests, lowest innermost:
-
     ====  ================  =====================================================================
     5     list_outputs      puts the module's lists behind their views for the compiled call only
     5     param_groups      refreshes the optimizers' views that a traced ``self.optimizers()`` returns
@@ -172,25 +161,20 @@ def _delete(target: Any, name: str) -> None:
 #: The connector of the compiled run in progress in this process, if any: Dynamo's counters, caches and settings are
 #: process-wide, so two compiled runs at once would count each other's graphs and restore each other's settings.
 _RUNNING: list["_CompileConnector"] = []
-# [/ladder]
 
 
 class _CompileConnector:
     """Compiles what a run compiles, in each stage, once the strategy has set the model up."""
 
-    # [ladder features]
     #: The features' keys that every ``use_compile`` of this process sets unless it sets them itself: none in Lightning;
     #: a distribution may turn features on by default.
     defaults: ClassVar[Mapping[str, Any]] = _Frozen()
     #: The features' keys for a compiled model passed in without ``use_compile``: none in Lightning; a distribution may
     #: turn on features that change nothing beyond the model and its Trainer (no backend, no process-wide setting).
     input_defaults: ClassVar[Mapping[str, Any]] = _Frozen()
-    # [/ladder]
 
-    # [ladder !use_compile] def __init__(self, trainer: "pl.Trainer") -> None:
-    def __init__(self, trainer: "pl.Trainer", use_compile: _USE_COMPILE = None) -> None:  # [ladder use_compile]
+    def __init__(self, trainer: "pl.Trainer", use_compile: _USE_COMPILE = None) -> None:
         self.trainer = trainer
-        # [ladder use_compile]
         self.use_compile = use_compile  # as given, for messages
         self.enabled = use_compile is not None and use_compile is not False  # compile every model after the wrap
         if self.enabled and not _TORCH_GREATER_EQUAL_2_6:  # the oldest it is tested with
@@ -198,8 +182,6 @@ class _CompileConnector:
                 f"`Trainer(use_compile=...)` needs torch 2.6 or newer, but torch {torch.__version__} is installed."
                 " Upgrade torch, or remove `use_compile`."
             )
-        # [/ladder]
-        # [ladder features]
         self.options = _CompileOptions()
         self.features: list[_CompileFeature] = []
         if self.enabled:
@@ -208,11 +190,8 @@ class _CompileConnector:
             keys = {**self.defaults, **self.options.keys}
             self.options = _CompileOptions(self.options.torch_kwargs, _Frozen(keys))
             self.features = _build_features(classes, self.options)
-        # [/ladder]
-        # [ladder !features use_compile] self.compile_kwargs = _parse_use_compile(use_compile)
         #: The arguments of a compiled model passed in.
         self._input_kwargs: Optional[Mapping[str, Any]] = None
-        # [ladder features]
         #: The arguments every compile of the run in progress uses (``None``: the run compiles nothing).
         self.run_kwargs: Optional[Mapping[str, Any]] = None
         #: The run's ``torch.compile`` arguments as given, before the features derived ``run_kwargs`` from them.
@@ -227,46 +206,33 @@ class _CompileConnector:
         self.notes: list[Callable[[], Optional[str]]] = []
         self._active: list[_CompileFeature] = []
         self._undo: dict[_Scope, list[Callable[[], Any]]] = {"compile": [], "run": []}
-        # [/ladder]
-        # [ladder use_compile !features] self._undo: list[Callable[[], Any]] = []
 
-    # [ladder use_compile]
     def verify_strategy(self) -> None:
         """Rejects a strategy that cannot run compiled, while the Trainer is being constructed."""
-        # [ladder !features] if self.enabled:
-        if self.enabled and not isinstance(self.trainer.strategy, ModelParallelStrategy):  # [ladder features]
-            # (`ModelParallelStrategy` runs what `use_compile` compiles in `configure_model`)  # [ladder features]
+        if self.enabled and not isinstance(self.trainer.strategy, ModelParallelStrategy):
+            # (`ModelParallelStrategy` runs what `use_compile` compiles in `configure_model`)
             _verify_strategy_can_compile(self.trainer.strategy)
-        for feature in self.features:  # [ladder features]
-            feature.verify(self)  # [ladder features]
+        for feature in self.features:
+            feature.verify(self)
 
-    # [/ladder]
     def unwrap(self, model: Any) -> Any:
         """Unwraps a compiled model the launcher pickles (``ddp_spawn``): each process compiles it instead."""
-        # [ladder features]
         if model is self.trainer.lightning_module and self._input_kwargs is not None and self.input_defaults:
             rank_zero_warn(
                 "The model was passed compiled to an earlier stage of this Trainer, and now without its `torch.compile`"
                 " wrapper, so this stage runs it uncompiled. Pass the compiled model, or no model, to run it compiled."
             )
-        # [/ladder]
-        # [ladder !features] if model is not self.trainer.lightning_module:  # the same model: compiled, as on fork
-        # (with `input_defaults`, the run made the model plain again: passed plain, it runs plain)  # [ladder features]
-        if model is not self.trainer.lightning_module or self.input_defaults:  # [ladder features]
+        # (with `input_defaults`, the run made the model plain again: passed plain, it runs plain)
+        if model is not self.trainer.lightning_module or self.input_defaults:
             self._input_kwargs = None
-        # [ladder use_compile]
         if self.enabled:  # `use_compile=False` compiles nothing of its own: a model compiled by hand runs as without it
-            # [ladder !features] _verify_one_compile(model, self.use_compile, self.compile_kwargs)
-            _verify_one_compile(model, self.use_compile, self.options.torch_kwargs)  # [ladder features]
-        # [/ladder]
+            _verify_one_compile(model, self.use_compile, self.options.torch_kwargs)
         if not isinstance(model, OptimizedModule) or not isinstance(model._orig_mod, pl.LightningModule):
             return model  # Lightning's own checks refuse what it cannot run, as before
         if model._orig_mod._compiler_ctx is not None:  # passed compiled again: its own steps are compiled, not these
             to_uncompiled(model)
-        # [ladder use_compile]
         if self.enabled:  # compiled with `use_compile`'s own arguments: compiled once, after the wrap
             return model._orig_mod
-        # [/ladder]
         launcher = self.trainer.strategy.launcher
         # `spawn` and `forkserver` pickle the model for the new processes; `fork` and a new script (`ddp`) do not
         pickles = isinstance(launcher, _MultiProcessingLauncher) and not launcher.is_interactive_compatible
@@ -277,15 +243,13 @@ class _CompileConnector:
                 " so its steps are compiled before the launch, and the launcher cannot pickle them for its processes."
                 " Import `lightning` before calling `torch.compile`, or use `strategy='ddp'`."
             )
-        # [ladder !features] if not pickles or not known:
-        # the features (`input_defaults`) run in the compile after the setup, on every launcher  # [ladder features]
-        if not (pickles or self.input_defaults) or not known:  # [ladder features]
+        # the features (`input_defaults`) run in the compile after the setup, on every launcher
+        if not (pickles or self.input_defaults) or not known:
             return model  # Lightning compiles its steps as it is passed in (`from_compiled`), as before
         _verify_strategy_can_compile(self.trainer.strategy)  # where Lightning checks a compiled model
         module, self._input_kwargs = _unwrap_compiled(model)
         return module
 
-    # [ladder features]
     def on_run_start(self, model: "pl.LightningModule") -> None:
         """Decides what this run compiles, before the strategy sets the model up."""
         given = self.options.torch_kwargs if self.enabled else self._input_kwargs
@@ -308,15 +272,8 @@ class _CompileConnector:
         if self.enabled or self.input_defaults:  # a compiled model passed in gets the re-apply alone, by default
             self.defer(_crowded_code_reset(model), scope="run")
 
-    # [/ladder]
     def compile(self) -> None:
         """Compiles, in place, what the strategy runs in this stage, now that the strategy has set the model up."""
-        # [ladder !use_compile] kwargs = self._input_kwargs
-        # [ladder !features use_compile] kwargs = self.compile_kwargs if self.enabled else self._input_kwargs
-        # [ladder !use_compile] if kwargs is None:
-        # [ladder use_compile !features] if kwargs is None or (self.enabled and _compiles_nothing(kwargs)):
-        # [ladder !features]     return
-        # [ladder features]
         if self.run_kwargs is None:
             return
         step_only: dict[str, Any] = {}
@@ -324,9 +281,7 @@ class _CompileConnector:
             step_only.update(feature.setup(self))
         kwargs = {**self.run_kwargs, **step_only}
         self.step_kwargs = _Frozen(kwargs)
-        # [/ladder]
         module = self.trainer.lightning_module
-        # [ladder features]
         wrapper = self.trainer.strategy.model
         if (
             surface.ddp_uses_python_reducer(wrapper)  # the one setup where compiling DDP's call traces DDP's code
@@ -334,18 +289,11 @@ class _CompileConnector:
             and self._compile_wrapper(wrapper, kwargs)
         ):
             return
-        # [/ladder]
-        self.keep_copies_plain(module, ("_compiler_ctx", "forward", *_STEPS))  # [ladder features]
+        self.keep_copies_plain(module, ("_compiler_ctx", "forward", *_STEPS))
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
-        # [ladder !use_compile] from_compiled(cast(OptimizedModule, torch.compile(module, **kwargs)))
-        # [ladder use_compile]
         # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which this compile has no use for
         from_compiled(cast(OptimizedModule, inspect.unwrap(torch.compile)(module, **kwargs)))
-        # [/ladder]
-        # [ladder use_compile !features] if self.enabled:  # a model the Trainer compiled on its own is plain again after the run  # noqa: E501
-        # [ladder use_compile !features]     self.defer(to_uncompiled, module)
-        self.defer(to_uncompiled, module)  # [ladder features]
-        # [ladder features]
+        self.defer(to_uncompiled, module)
         assert module._compiler_ctx is not None
         for name in _STEPS:
             original = module._compiler_ctx[f"original_{name}"]
@@ -444,16 +392,11 @@ class _CompileConnector:
         self.defer(lambda: context.__exit__(None, None, None), scope=scope)
         return value
 
-    # [/ladder]
-    # [ladder use_compile]
-    # [ladder !features] def defer(self, undo: Callable[..., Any], *args: Any) -> None:
-    def defer(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:  # [ladder features]
+    def defer(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:
         """Calls ``undo(*args)`` when the run's changes are undone (at its teardown), latest first."""
         # not a `functools.partial`, whose arguments a `deepcopy` of the Trainer mid-run (Lightning's tests do) copies
-        # [ladder !features] self._undo.append(lambda: undo(*args))
-        self._undo[scope].append(lambda: undo(*args))  # [ladder features]
+        self._undo[scope].append(lambda: undo(*args))
 
-    # [ladder features]
     def uncompile(self) -> None:
         """Undoes what this run compiled, latest first; the run's settings stay until its teardown."""
         self._unwind("compile")
@@ -499,17 +442,7 @@ class _CompileConnector:
         if _RUNNING and _RUNNING[0] is self:
             _RUNNING.clear()
 
-    # [/ladder]
-    # [ladder !features] def teardown(self) -> None:
-    # [ladder !features]     """Undoes what the run compiled and set, latest first, every step even after one raised."""
-    # [ladder !features]     undo, self._undo = self._undo, []
-    # [ladder !features]     with contextlib.ExitStack() as stack:  # callbacks run last-in, first-out
-    # [ladder !features]         for step in undo:
-    # [ladder !features]             stack.callback(step)
-    # [/ladder]
 
-
-# [ladder features]
 def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
     """What resets, when the run ends, the shared code whose entries it grew past half of Dynamo's recompile limit.
 
@@ -522,11 +455,8 @@ def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
 
     """
     limit = surface.recompile_limit()
-    packages = tuple(package.__path__[0] + os.sep for package in (torch, pl))  # their folders
-    # [ladder package]
-    # and the package's own: its fixes of Lightning's code run from there (the forward redirection)
-    packages += (os.path.dirname(__file__) + os.sep,)
-    # [/ladder]
+    # their folders, and that of these modules: Lightning's own, or a distribution's that runs them from its own folder
+    packages = tuple(folder + os.sep for folder in (*torch.__path__, *pl.__path__, os.path.dirname(__file__)))
     own: set[types.CodeType] = set()  # the code of the model's classes, and of the functions nested in it
     todo = [getattr(f, "__code__", None) for cls in type(model).__mro__ for f in vars(cls).values()]
     while todo:
@@ -586,8 +516,6 @@ def _feature_classes() -> tuple[type[_CompileFeature], ...]:
     return tuple(classes)
 
 
-# [/ladder]
-# [ladder use_compile]
 def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any]) -> None:
     """Refuses a model compiled by hand otherwise than ``use_compile`` asks: which of the two to run is unclear."""
     if isinstance(model, OptimizedModule):
@@ -639,37 +567,29 @@ def _torch_compile_keys() -> list[str]:
     return [name for name in inspect.signature(torch.compile).parameters if name != "model"]
 
 
-# [ladder !features] def _parse_use_compile(use_compile: Any) -> dict[str, Any]:
-def _parse_use_compile(use_compile: Any, feature_keys: dict[str, str]) -> _CompileOptions:  # [ladder features]
+def _parse_use_compile(use_compile: Any, feature_keys: dict[str, str]) -> _CompileOptions:
     """Checks a ``use_compile`` value, with ``torch.compile`` itself."""
     if use_compile is None or isinstance(use_compile, bool):
-        # [ladder !features] return {}
-        return _CompileOptions()  # [ladder features]
+        return _CompileOptions()
     if not isinstance(use_compile, Mapping):
         raise TypeError(
             f"`Trainer(use_compile={use_compile!r})` is not supported: pass `True`, `False`, `None` or a dict of"
             f" `torch.compile` arguments such as `use_compile={{'mode': 'max-autotune'}}`."
         )
-    # [ladder !features] known = _torch_compile_keys()
-    torch_keys = _torch_compile_keys()  # [ladder features]
-    known = [*torch_keys, *feature_keys]  # [ladder features]
+    torch_keys = _torch_compile_keys()
+    known = [*torch_keys, *feature_keys]
     for key in use_compile:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            # [ladder !features] raise ValueError(f"`Trainer(use_compile=...)` got the unknown key {key!r}.{hint} Valid keys: {known}.")  # noqa: E501
-            # [ladder features]
             own = "".join(f"; {name!r}: {description}" for name, description in feature_keys.items())
             raise ValueError(
                 f"`Trainer(use_compile=...)` got the unknown key {key!r}.{hint} Valid keys: {torch_keys}{own}."
             )
-            # [/ladder]
-    # [ladder !features] torch_kwargs = dict(use_compile)
-    torch_kwargs = {k: v for k, v in use_compile.items() if k in torch_keys}  # [ladder features]
+    torch_kwargs = {k: v for k, v in use_compile.items() if k in torch_keys}
     _check_compile_kwargs(torch_kwargs)
-    keys = {k: v for k, v in use_compile.items() if k not in torch_keys}  # [ladder features]
-    return _CompileOptions(torch_kwargs=_Frozen(torch_kwargs), keys=_Frozen(keys))  # [ladder features]
-    # [ladder !features] return torch_kwargs
+    keys = {k: v for k, v in use_compile.items() if k not in torch_keys}
+    return _CompileOptions(torch_kwargs=_Frozen(torch_kwargs), keys=_Frozen(keys))
 
 
 def _never_run() -> None:
@@ -684,8 +604,7 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
     fails with its own reason. What torch takes without a check (the type of a flag, of the backend) is checked here.
 
     """
-    # [ladder !features] for key in ("fullgraph", "disable", "dynamic"):
-    for key in ("fullgraph", "disable", "dynamic", "isolate_recompiles"):  # [ladder features]
+    for key in ("fullgraph", "disable", "dynamic", "isolate_recompiles"):
         if kwargs.get(key) is not None and not isinstance(kwargs[key], bool):
             raise TypeError(f"`Trainer(use_compile={{{key!r}: {kwargs[key]!r}}})` must be a bool.")
     for key in ("mode", "name"):
@@ -693,7 +612,6 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
             raise TypeError(f"`Trainer(use_compile={{{key!r}: {kwargs[key]!r}}})` must be a string.")
     if kwargs.get("options") is not None and not isinstance(kwargs["options"], Mapping):
         raise TypeError("`Trainer(use_compile={'options': ...})` must be a dict of backend options.")
-    # [ladder features]
     # the arguments of newer torch versions, which torch takes unchecked
     for key in ("shapes_spec", "dynamic_shapes"):  # torch 2.13 and 2.14 name it differently
         spec = kwargs.get(key)
@@ -703,7 +621,6 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         kind = ValueError if isinstance(limit, int) and not isinstance(limit, bool) else TypeError
         raise kind(f"`Trainer(use_compile={{'recompile_limit': {limit!r}}})` must be a positive int.")
-    # [/ladder]
     backend = kwargs.get("backend", "inductor")
     if not callable(backend) and not isinstance(backend, str):
         raise TypeError(f"`Trainer(use_compile={{'backend': {backend!r}}})` must be a backend name or a callable.")
@@ -716,6 +633,3 @@ def _check_compile_kwargs(kwargs: Mapping[str, Any]) -> None:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         kind = TypeError if reason.startswith("Unexpected type") else ValueError  # an option of the wrong type
         raise kind(f"`torch.compile` refuses `Trainer(use_compile=...)`'s arguments: {reason}{hint}") from error
-
-
-# [/ladder]

@@ -128,10 +128,7 @@ def _verify_strategy_can_compile(strategy: Strategy) -> None:
         raise RuntimeError(
             f"Using a compiled model is incompatible with the current strategy: `{type(strategy).__name__}`."
             f" Only {supported_strategy_names} support compilation. Either switch to one of the supported"
-            # [ladder !use_compile] " strategies or avoid passing in compiled model."
-            # [ladder use_compile]
             " strategies, or pass the model uncompiled and without `Trainer(use_compile=...)`."
-            # [/ladder]
         )
 
 

@@ -44,11 +44,11 @@ def test_every_patch_is_a_git_am_mbox(base_name):
 
 
 def test_new_files_are_the_package_modules_with_lightning_imports():
-    rendered = patchset.render_module("compile_connector", {"use_compile", "features"})
+    rendered = patchset.render_module("compile_connector")
     assert rendered.startswith("# Copyright The Lightning AI team.")
     assert "lightning_compile_patch" not in rendered
     assert "import lightning.pytorch.trainer.connectors.compile_features as compile_features" in rendered
-    feature = patchset.render_module("compile_features.regions", {"use_compile", "features"})
+    feature = patchset.render_module("compile_features.regions")
     assert "from lightning.pytorch.trainer.connectors.compile_connector import" in feature
     ast.parse(rendered)
     ast.parse(feature)
@@ -85,7 +85,7 @@ def test_the_core_stack_is_the_fixes_then_the_reapply_then_use_compile_then_the_
     *fixes, reapply, use_compile, seam = series.CORE_STACK
     assert (reapply, use_compile, seam) == (series.REAPPLY, series.USE_COMPILE, series.FEATURE_SEAM)
     assert reapply.modules == use_compile.modules == ("compile_connector",)
-    assert (reapply.layers, use_compile.layers, seam.layers) == ((), ("use_compile",), ("features",))
+    assert (reapply.rung, use_compile.rung, seam.rung) == ("reapply", "use_compile", "")
     assert seam.modules == ("compile_features", "compile_connector", "compile_features._torch_surface")
     assert len(fixes) == 4
     for fix in fixes:  # a fix of Lightning's own code, with its tests, that can merge alone
@@ -95,7 +95,7 @@ def test_the_core_stack_is_the_fixes_then_the_reapply_then_use_compile_then_the_
 
 
 def test_the_reapply_rung_adds_no_argument_no_seam_no_undo_and_no_private_torch_name():
-    connector = patchset.render_module("compile_connector", set())
+    connector = patchset.render_module("compile_connector", "reapply")
     assert "use_compile" not in connector
     assert "_CompileFeature" not in connector
     assert "compile_features" not in connector
@@ -111,10 +111,10 @@ def test_the_reapply_rung_adds_no_argument_no_seam_no_undo_and_no_private_torch_
     ast.parse(connector)
 
 
-def test_every_layer_of_the_connector_is_lint_clean(tmp_path):
+def test_every_rung_of_the_connector_is_lint_clean(tmp_path):
     pytest.importorskip("ruff")
-    for name, layers in {"reapply": set(), "use_compile": {"use_compile"}, "all": {"use_compile", "features"}}.items():
-        (tmp_path / f"{name}.py").write_text(patchset.render_module("compile_connector", layers))
+    for name, rung in {"reapply": "reapply", "use_compile": "use_compile", "all": ""}.items():
+        (tmp_path / f"{name}.py").write_text(patchset.render_module("compile_connector", rung))
     command = [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F,E9,I", "--line-length", "120"]
     command += ["--config", 'lint.isort.known-first-party = ["lightning"]']  # as Lightning's pyproject.toml has it
     result = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True)
@@ -190,8 +190,8 @@ def test_added_tests_refuse_an_import_the_file_lacks_and_a_name_it_has(tmp_path,
 def test_drift_is_detected(monkeypatch):
     original = patchset.render_module
 
-    def changed(module, layers):
-        text = original(module, layers)
+    def changed(module, rung=""):
+        text = original(module, rung)
         return text.replace("a compile of", "a compile, of") if module == "compile_connector" else text
 
     monkeypatch.setattr(patchset, "render_module", changed)
@@ -206,7 +206,7 @@ def test_drift_in_a_lightning_fix_is_detected(monkeypatch):
     if lightning.__version__ != "2.6.6":
         pytest.skip(f"the installed Lightning is {lightning.__version__}, not the 2.6.6 base")
     original = patchset.fixed_source
-    monkeypatch.setattr(patchset, "fixed_source", lambda edit, layers: original(edit, layers) + "    # drift\n")
+    monkeypatch.setattr(patchset, "fixed_source", lambda edit, rung="": original(edit, rung) + "    # drift\n")
     problems = patchset.check(patchset.InstalledLightning(), "2.6.6")
     assert any("utilities/compile.py differs" in p for p in problems)
     assert any("strategies/strategy.py differs" in p for p in problems)
@@ -295,10 +295,38 @@ def test_every_rung_on_the_core_alone_leaves_importable_code(base_name, tmp_path
         folder = tmp_path / patch.modules[0]
         folder.mkdir()
         for module in ("compile_connector", patch.modules[0]):
-            (folder / f"{module}.py").write_text(patchset.render_module(module, {"use_compile", "features"}))
+            (folder / f"{module}.py").write_text(patchset.render_module(module))
         result = subprocess.run(
             [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F,E9", str(folder)],
             capture_output=True,
             text=True,
         )
         assert result.returncode == 0, result.stdout
+
+
+def test_the_package_is_the_last_rung_one_program_a_file():
+    """No file of the package holds lines of another rung: the last rung's files are the package's, as they are."""
+    for path in patchset.PACKAGE_DIR.rglob("*.py"):
+        assert "# [ladder" not in path.read_text(), path
+    for module in patchset.UPSTREAM_MODULES:
+        assert patchset.source_file(module) == patchset.upstream_modules.module_path(module)
+
+
+def test_each_earlier_rung_file_is_one_a_patch_takes_and_differs_from_the_package():
+    rungs = {patch.rung: patch for base_name in series.BASES for patch in series.series(base_name) if patch.rung}
+    files = sorted(patchset.RUNGS.rglob("*.py"))
+    assert files, patchset.RUNGS
+    for path in files:
+        rung = path.relative_to(patchset.RUNGS).parts[0]
+        relative = path.relative_to(patchset.RUNGS / rung)
+        patch = rungs[rung]
+        module = ".".join(relative.with_suffix("").parts)
+        fixes = {edit.name for edit in patch.edits if isinstance(edit, series.ReplaceDef)}
+        assert module in patch.modules or (module == "lightning_fixes" and fixes), path
+        assert path.read_text() != (patchset.PACKAGE_DIR / relative).read_text(), f"{path} is the package's own"
+    # the patch takes the rung's own version: the re-apply rung's connector has no `use_compile`
+    assert "use_compile" not in patchset.render_module("compile_connector", "reapply")
+    assert "use_compile" in patchset.render_module("compile_connector", "use_compile")
+    reapply_fix = next(e for e in series.REAPPLY.edits if isinstance(e, series.ReplaceDef))
+    assert "use_compile" not in patchset.fixed_source(reapply_fix, "reapply")
+    assert "use_compile" in patchset.fixed_source(reapply_fix)

@@ -79,9 +79,9 @@ class Patch:
     tests: tuple[str, ...] = ()
     edits: tuple = ()
     bases: tuple[str, ...] = BASES
-    #: The layers of the package modules this patch adds (``tools/upstream/layers.py``): a module listed in
-    #: ``modules`` is written with these and the earlier patches' layers, as a new file or over its earlier layers.
-    layers: tuple[str, ...] = ()
+    #: Where the package holds a later rung of a module this patch adds, or of a function it fixes: the folder of
+    #: ``tools/upstream/rungs/`` with this patch's own version of them, plain files. Empty: the package's version.
+    rung: str = ""
 
 
 def _indent(text: str, spaces: int) -> str:
@@ -440,6 +440,7 @@ and guard what must not change: `test(model)` after `fit(torch.compile(model))` 
 each rank, and `to_uncompiled(model)` works after `fit`. The file also fails on two mutants of
 this patch: no unwrap (master's placement) and the compile after the `on_fit_start` hooks.""",
     modules=("compile_connector",),
+    rung="reapply",
     tests=(_REAPPLY_TESTS,),
     edits=(
         Replace(
@@ -529,7 +530,7 @@ Proposed for the review, each a small change if the maintainers prefer otherwise
 `use_compile` needs torch 2.6, the oldest it is tested with, and is refused at `Trainer(...)`
 before that, as is a strategy that cannot run compiled (DeepSpeed).""",
     modules=("compile_connector",),
-    layers=("use_compile",),
+    rung="use_compile",
     tests=("tests_pytorch/trainer/test_trainer_use_compile.py",),
     edits=(
         Replace(
@@ -637,7 +638,6 @@ warns when the model comes back without its `torch.compile` wrapper to a later s
 uncompiled. With `input_defaults` empty, a compiled model passed in runs as with the previous
 patches. This patch adds no feature.""",
     modules=("compile_features", "compile_connector", "compile_features._torch_surface"),
-    layers=("features",),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
     edits=(
         Replace(
