@@ -12,7 +12,6 @@ import functools
 import importlib
 import inspect
 import os
-import re
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.compile import _verify_strategy_can_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning_compile_patch.compile_features import _torch_surface as surface
+from lightning_compile_patch.compile_features import _private_names as surface
 
 _USE_COMPILE = Optional[Union[bool, dict[str, Any]]]
 _Scope = Literal["compile", "run"]
@@ -314,10 +313,10 @@ class _CompileConnector:
             return False
         wrapper.compile(**kwargs)
         # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
-        self.defer(wrapper.__dict__.pop, "_compiled_call_impl", None)
-        compiled = wrapper._compiled_call_impl
+        self.defer(wrapper.__dict__.pop, surface.COMPILED_CALL, None)
+        compiled = surface.compiled_call(wrapper)
         assert compiled is not None
-        wrapper._compiled_call_impl = self._wrap(compiled, wrapper._call_impl, module_call=True)
+        setattr(wrapper, surface.COMPILED_CALL, self._wrap(compiled, surface.module_call(wrapper), module_call=True))
         return True
 
     def compile_step(self, name: str) -> None:
@@ -467,7 +466,7 @@ def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
     names = {(code.co_filename, code.co_name) for code in own}
 
     def shared(code: types.CodeType) -> bool:
-        resumes = re.sub(r"^torch_dynamo_resume_in_(.+)_at_\d+$", r"\1", code.co_name)  # after a graph break
+        resumes = surface.resumed_function(code.co_name) or code.co_name  # after a graph break
         return code.co_filename.startswith(packages) or code in own or (code.co_filename, resumes) in names
 
     def entries() -> dict[int, tuple[Any, int]]:  # of the shared code Dynamo has converted

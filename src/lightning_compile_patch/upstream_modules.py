@@ -27,7 +27,7 @@ UPSTREAM_MODULES: dict[str, str] = {
     "compile_features": FEATURES_PACKAGE,
     **CORE,
     #: the private torch surface the features share: in the seam's patch, loaded before every feature
-    "compile_features._torch_surface": f"{FEATURES_PACKAGE}._torch_surface",
+    "compile_features._private_names": f"{FEATURES_PACKAGE}._private_names",
     **{f"compile_features.{name}": f"{FEATURES_PACKAGE}.{name}" for name in FEATURES},
 }
 

@@ -86,7 +86,7 @@ def test_the_core_stack_is_the_fixes_then_the_reapply_then_use_compile_then_the_
     assert (reapply, use_compile, seam) == (series.REAPPLY, series.USE_COMPILE, series.FEATURE_SEAM)
     assert reapply.modules == use_compile.modules == ("compile_connector",)
     assert (reapply.rung, use_compile.rung, seam.rung) == ("reapply", "use_compile", "")
-    assert seam.modules == ("compile_features", "compile_connector", "compile_features._torch_surface")
+    assert seam.modules == ("compile_features", "compile_connector", "compile_features._private_names")
     assert len(fixes) == 4
     for fix in fixes:  # a fix of Lightning's own code, with its tests, that can merge alone
         assert fix.modules == ()

@@ -616,7 +616,7 @@ environment variable) goes through the connector, which records it in one of two
 compiled and what belongs to the run, and undoes it on every path. One compiled run at a time per
 process: Dynamo's counters and settings are process-wide. The private torch names the features need
 (Dynamo's counters, compilation metrics, per-code resets, compiled autograd's switch, DDP's python
-reducer) are reached only in `compile_features/_torch_surface.py`, each with the torch versions it
+reducer) are reached only in `compile_features/_private_names.py`, each with the torch versions it
 is read on, so that a torch release that moves one changes one line. With `use_compile` set,
 `ModelParallelStrategy` is accepted too (the later patches that compile under it check what they
 compile); a compiled model passed in without `use_compile` is checked as before. Where DDP runs its
@@ -637,7 +637,7 @@ after the setup and undone after the run, since the features act on that compile
 warns when the model comes back without its `torch.compile` wrapper to a later stage, which runs
 uncompiled. With `input_defaults` empty, a compiled model passed in runs as with the previous
 patches. This patch adds no feature.""",
-    modules=("compile_features", "compile_connector", "compile_features._torch_surface"),
+    modules=("compile_features", "compile_connector", "compile_features._private_names"),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
     edits=(
         Replace(

@@ -35,7 +35,7 @@ import torch
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
-from lightning_compile_patch.compile_features import _torch_surface as surface
+from lightning_compile_patch.compile_features import _private_names as surface
 
 _MAGIC = b"LIGHTNING-COMPILE-CACHE 1\n"
 _INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"

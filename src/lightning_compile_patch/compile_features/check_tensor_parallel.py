@@ -13,6 +13,7 @@ from torch import nn
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _private_names as surface
 
 #: The torch versions (major.minor) that tensor parallelism under ``use_compile`` was tested on, on CPU with gloo
 #: (``tests/test_tensor_parallel.py``); on others it warns. Add one when that test passed on it.
@@ -36,7 +37,7 @@ def _check_tensor_parallel(module: nn.Module) -> None:
 
     """
     # `parallelize_module` (`distribute_module`) marks each module it put its hooks on
-    parallel = [name for name, sub in module.named_modules() if getattr(sub, "_distribute_module_applied", False)]
+    parallel = [name for name, sub in module.named_modules() if surface.tensor_parallel_hooks(sub)]
     if not parallel:
         return
     if _torch_minor() not in _TENSOR_PARALLEL_TESTED_ON:
@@ -64,7 +65,7 @@ def _compiled_with_its_hooks(module: nn.Module, name: str) -> bool:
     """Whether the submodule ``name``, or one that holds it, is compiled in place (a region), its hooks with it."""
     parts = name.split(".")
     holders = (module.get_submodule(".".join(parts[:depth])) for depth in range(len(parts) + 1))
-    return any(holder._compiled_call_impl is not None for holder in holders)
+    return any(surface.compiled_call(holder) is not None for holder in holders)
 
 
 def _is_fully_sharded(module: nn.Module) -> bool:

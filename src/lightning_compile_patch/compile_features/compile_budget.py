@@ -27,7 +27,7 @@ import weakref
 from typing import Any, Optional
 
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _torch_surface as surface
+from lightning_compile_patch.compile_features import _private_names as surface
 
 #: The Trainer whose run compiled last in this process, and the spans of ``converted_codes()`` that compiled runs added
 #: (adjacent runs share one span, so this stays as short as the runs are interleaved with code compiled outside them),

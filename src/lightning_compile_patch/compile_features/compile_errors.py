@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _torch_surface as surface
+from lightning_compile_patch.compile_features import _private_names as surface
 
 #: The interpreter's own errors of a call's arguments, which surface in Dynamo's frame that makes the call.
 _ARGUMENT_BINDING = re.compile(

@@ -22,7 +22,7 @@ the run ends           remove the reducer's gradient hooks, restore     or a lat
 """
 
 from collections.abc import Mapping
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -30,23 +30,15 @@ from torch.nn.parallel import DistributedDataParallel
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning_compile_patch.compile_connector import (
     _CompileConnector,
     _CompileFeature,
     _CompileOptions,
     _torch_compile_keys,
 )
-from lightning_compile_patch.compile_features import _torch_surface as surface
+from lightning_compile_patch.compile_features import _private_names as surface
 
 _KEY = "compiled_autograd"
-#: What building a DDP under the python reducer sets for the whole process.
-_INDUCTOR_SETTINGS = ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
-
-
-def _switch() -> Optional[Callable[..., Any]]:
-    """The context manager that turns compiled autograd on: private, and the same, on every torch from 2.6 to 2.14."""
-    return surface.compiled_autograd_switch() if _TORCH_GREATER_EQUAL_2_6 else None
 
 
 class _CompiledAutograd(_CompileFeature):
@@ -82,7 +74,7 @@ class _CompiledAutograd(_CompileFeature):
                 f"`Trainer(use_compile={{'{_KEY}': {{{unknown[0]!r}: ...}}}})` is not a `torch.compile` argument."
                 f" Valid keys: {_torch_compile_keys()}."
             )
-        if _switch() is None:
+        if surface.compiled_autograd_switch() is None:
             raise RuntimeError(
                 f"`Trainer(use_compile={{'{_KEY}': ...}})` needs torch>=2.6 (`compiled_autograd._enable`), and torch"
                 f" {torch.__version__} is installed. Upgrade torch, or remove '{_KEY}'."
@@ -100,17 +92,18 @@ class _CompiledAutograd(_CompileFeature):
         if not isinstance(strategy, DDPStrategy):
             return
         # what the python reducer does not support: it all-reduces each parameter's gradient from a hook of its own
+        ddp_kwargs, comm_hook = surface.ddp_options(strategy)
         unsupported = {
             "bucket_cap_mb_list": "it has no buckets",
             "find_unused_parameters": "ranks whose unused parameters differ would all-reduce different tensors",
         }
         for name, why in unsupported.items():
-            if strategy._ddp_kwargs.get(name):
+            if ddp_kwargs.get(name):
                 raise ValueError(
                     f"`Trainer(use_compile={{'{_KEY}': ...}})` runs DDP with its python reducer, which does not support"
                     f" `{name}` ({why}). Remove `{name}` from the DDPStrategy, or remove '{_KEY}'."
                 )
-        if strategy._ddp_comm_hook is not None:
+        if comm_hook is not None:
             raise ValueError(
                 f"`Trainer(use_compile={{'{_KEY}': ...}})` runs DDP with its python reducer, which calls a"
                 f" communication hook per parameter, not per bucket. Remove `ddp_comm_hook`, or remove '{_KEY}'."
@@ -138,7 +131,7 @@ class _CompiledAutograd(_CompileFeature):
                 )
             connector.defer(surface.remove_reducer_hooks, wrapper, scope="run")
         backward_kwargs = connector.run_kwargs if self.value is True else self.value
-        switch = _switch()
+        switch = surface.compiled_autograd_switch()
         assert switch is not None
         connector.enter(switch(torch.compile(**(backward_kwargs or {}))), scope="run")
         return {}
@@ -170,7 +163,7 @@ def _captured(captures: int) -> str:
 def _use_python_reducer(connector: _CompileConnector) -> None:
     """Sets the python reducer for the DDP built next; the connector restores what this and DDP set for the process."""
     connector.replace(surface.dynamo_config, "optimize_ddp", "python_reducer", scope="run")
-    for name in _INDUCTOR_SETTINGS:  # DDP sets them when it is built: they are put back when the run ends
+    for name in surface.INDUCTOR_DDP_SETTINGS:  # DDP sets them when it is built: they are put back when the run ends
         connector.replace(surface.inductor_config, name, getattr(surface.inductor_config, name), scope="run")
     if not surface.ddp_file_traced():  # DDP adds its file to Dynamo's inline list when it is built
         connector.defer(surface.stop_tracing_ddp_file, scope="run")

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _torch_surface as surface
+from lightning_compile_patch.compile_features import _private_names as surface
 
 _LOG_METHODS = ("log", "log_dict")
 

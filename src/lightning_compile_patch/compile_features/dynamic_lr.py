@@ -28,6 +28,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.core.module import LightningModule
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _private_names as surface
 
 #: The module's methods that take an optimizer from the step, and compare it with the Trainer's.
 _TAKES_OPTIMIZER = ("toggle_optimizer", "untoggle_optimizer", "clip_gradients")
@@ -119,7 +120,7 @@ class _ParamGroups(_CompileFeature):
 
     def _refresh(self, trainer: pl.Trainer) -> None:
         # what `LightningModule.optimizers` returns, read where it reads it (no hook of the module is called)
-        self._current[True] = self._viewed(trainer.strategy._lightning_optimizers)
+        self._current[True] = self._viewed(surface.lightning_optimizers(trainer.strategy))
         self._current[False] = self._viewed(trainer.optimizers)
 
     def _viewed(self, optimizers: list[Any]) -> Any:

@@ -25,6 +25,7 @@ import torch
 
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _private_names as surface
 
 _MODULE_METHODS = ("toggle_optimizer", "untoggle_optimizer")
 
@@ -71,7 +72,7 @@ class _OptimizerSteps(_CompileFeature):
         module = trainer.lightning_module
         if module.automatic_optimization:
             return {}  # Lightning steps the optimizer outside the compiled step
-        for optimizer in trainer.strategy._lightning_optimizers:
+        for optimizer in surface.lightning_optimizers(trainer.strategy):
             own = type(optimizer)  # this instance's class: `LightningOptimizer.__init__` made it
             if own is LightningOptimizer or not issubclass(own, LightningOptimizer):
                 continue  # a class that others share: leave it as it is

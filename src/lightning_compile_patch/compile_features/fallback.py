@@ -14,7 +14,6 @@ raised in Dynamo's own code (``compile_errors.is_compile_error``).
 
 """
 
-import re
 import time
 import types
 from typing import Any, Callable, Optional
@@ -22,7 +21,7 @@ from typing import Any, Callable, Optional
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
-from lightning_compile_patch.compile_features import _torch_surface as surface
+from lightning_compile_patch.compile_features import _private_names as surface
 from lightning_compile_patch.compile_features.compile_errors import failure_message, is_compile_error
 
 _CHOICES = (None, "eager")
@@ -110,8 +109,8 @@ class _Fallback(_CompileFeature):
 
 def _frame_name(code: types.CodeType) -> str:
     """``fn``, or ``the rest of `fn` after line 12`` for the code Dynamo resumes ``fn`` with after a graph break."""
-    resumed = re.fullmatch(r"torch_dynamo_resume_in_(.+)_at_(\d+)", code.co_name)
-    return f"the rest of `{resumed[1]}` after line {resumed[2]}" if resumed else f"`{code.co_name}`"
+    resumed = surface.RESUME_FUNCTION.fullmatch(code.co_name)
+    return f"the rest of `{resumed['function']}` after line {resumed['line']}" if resumed else f"`{code.co_name}`"
 
 
 def _failed_code(since_us: float) -> Optional[types.CodeType]:

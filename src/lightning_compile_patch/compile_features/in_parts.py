@@ -42,7 +42,7 @@ from torch import nn
 
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 from lightning_compile_patch.compile_connector import _STEPS, _CompileConnector, _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _torch_surface as surface
+from lightning_compile_patch.compile_features import _private_names as surface
 
 
 def compile_parts(module: nn.Module, kwargs: Mapping[str, Any], replace: Callable = setattr) -> list[nn.Module]:
@@ -168,7 +168,7 @@ def outcome(parts: list[nn.Module], since_us: float) -> tuple[list[nn.Module], d
 
 def _compiled_already(module: nn.Module) -> bool:
     """Whether ``module`` is compiled in place already: a region, the user's own ``module.compile()``, TorchScript."""
-    return "forward" in vars(module) or module._compiled_call_impl is not None
+    return "forward" in vars(module) or surface.compiled_call(module) is not None
 
 
 def _left_out(module: nn.Module) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
-from lightning_compile_patch.compile_features import _torch_surface as surface
+from lightning_compile_patch.compile_features import _private_names as surface
 
 _CHOICES = ("auto", True, False, "ddp_optimizer", "python_reducer", "no_optimization")
 

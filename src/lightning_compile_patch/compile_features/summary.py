@@ -20,7 +20,6 @@
 import logging
 import operator
 import re
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -35,7 +34,7 @@ from lightning_utilities.core.imports import compare_version
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _torch_surface as surface
+from lightning_compile_patch.compile_features import _private_names as surface
 
 #: Whether a frame's compilation metrics tell a frame Dynamo compiled with no graph from one it skipped (read on 2.13;
 #: torch 2.6 records a frame skipped for a graph break in a loop as no failure, with no graph, alike).
@@ -43,16 +42,9 @@ _GRAPHLESS_IS_KNOWN = compare_version("torch", operator.ge, "2.13.0")
 #: The clocks, bound here: a test (or a user's callback) that patches `time.perf_counter` gets no calls from the run.
 _clock = time.perf_counter
 _wall_ns = time.time_ns
-#: Graph breaks that are expected: torch runs DDP's inner module call outside the outer graph on purpose
-#: (`_inside_ddp_forward`), DDP's C++ reducer and logger cannot be traced (torch 2.14 steps into DDP's forward and
-#: breaks at them), and each compiled region is called from the step as an opaque function.
-_EXPECTED_BREAKS = {
-    "_inside_ddp_forward": "DDP",
-    "of class `Reducer`": "DDP",
-    "of class `Logger`": "DDP",
-    "compiled_region": "regions",
-    "fsdp": "FSDP",  # FSDP2's hooks are compiler-disabled: the module's own forward around them runs uncompiled
-}
+#: Graph breaks that are expected: torch's own (DDP's, FSDP's), and each compiled region, which the step calls as an
+#: opaque function.
+_EXPECTED_BREAKS = {**surface.TORCH_BREAKS, "compiled_region": "regions"}
 _WHERE = {
     "DDP": "in DDP's own code",
     "regions": "at region boundaries",
@@ -146,14 +138,13 @@ class _CountingBackend:
             out = compiled(*args)
             if _STEPS and not _STEPS[-1].compiled:
                 step = _STEPS[-1]
-                if _runs_in_step_code(sys._getframe(1)):
+                if _runs_in_step_code(surface.calling_frame()):
                     step.compiled = True
                 else:
                     step.called_graphs = True
             return out
 
-        run._boxed_call = getattr(compiled, "_boxed_call", False)
-        return run
+        return surface.run_like(run, compiled)
 
     def __getattr__(self, name: str) -> Any:  # `get_compiler_config`, `reset`, ... of the backend itself
         if "inner" not in self.__dict__:
@@ -243,14 +234,7 @@ def _step_codes(function: Any) -> tuple[list[CodeType], Optional[str]]:
         code = getattr(getattr(function, "__func__", function), "__code__", None)
         if code is not None:
             codes.append(code)
-        function = next(
-            (
-                inner
-                for name in ("__wrapped__", "_torchdynamo_orig_callable", "func")
-                if (inner := getattr(function, name, None)) is not None
-            ),
-            None,
-        )
+        function = surface.wrapped_function(function)
     return codes, disabled
 
 
@@ -410,7 +394,7 @@ class _CompileReport:
         # uncompiled the model, and with it the wrappers of `timed`
         for name, kind in _STEP_KINDS.items():
             connector.replace(strategy, name, self.counted(getattr(strategy, name), name, kind, connector), scope="run")
-        redirection = getattr(strategy, "_forward_redirection", None)
+        redirection = surface.forward_redirection(strategy)
         if redirection is not None:  # Lightning's own `wrapped_forward` runs between a wrapper and the step
             _PASS_THROUGH_CODES.update(_nested_codes(type(redirection).__call__))
 

@@ -1,18 +1,20 @@
-"""The private torch surface: every private name of torch the features reach is in one module, and each entry works.
+"""The private names: every private name of torch, Lightning and CPython that the change reads is in one module, and
+each entry works.
 
-``compile_features/_torch_surface.py`` holds each private torch name (and DDP's private attributes) that a feature
-needs, behind a function or constant named for what the feature does with it. These tests call each entry the way the
-features do, on the torch they run on: CI runs this file on 2.13.0 (``tests``) and 2.6.0 (``tests_torch``), 2.14.1 and
-2.9.1 run by hand, and ``tools/tests/test_patchset.py`` checks that the module goes upstream with the seam. A new entry
-without a test here, or a private name reached outside the module, fails ``test_every_entry_is_exercised`` or
-``test_no_feature_reaches_a_private_torch_name_but_through_the_surface``.
+``compile_features/_private_names.py`` holds each such name that a feature needs, behind a function or constant named
+for what the feature does with it, with the versions it is read on. These tests call each entry the way the features
+do, on the torch they run on: CI runs this file on 2.13.0 (``tests``), 2.6.0 and 2.15.0 (``tests_torch``), and
+``tools/tests/test_patchset.py`` checks that the module goes upstream with the seam. A new entry without a test here
+fails ``test_every_entry_is_exercised``; a private name read anywhere else, unless ``ALLOWED_OUTSIDE`` lists it with its
+reason, fails ``test_no_module_reaches_a_private_name_but_through_the_surface``.
+
 """
 
 import ast
+import functools
 import inspect
 import logging
 import os
-import re
 import sys
 import traceback
 from pathlib import Path
@@ -24,7 +26,7 @@ from torch import nn
 
 from helpers import TORCH_2_7, TORCH_2_13, lightning_side
 
-surface = lightning_side("_torch_surface")
+surface = lightning_side("_private_names")
 #: The modules of the change: the package's, or on a patched Lightning the connector and the feature modules.
 FEATURES_DIR = Path(surface.__file__).parent
 SOURCES = (
@@ -34,15 +36,18 @@ SOURCES = (
 )
 TORCH_2_6 = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 6)
 
-#: Private names of torch outside the surface module, by file: Lightning's own `utilities/compile.py` imports
-#: `OptimizedModule` from `torch._dynamo` (there is no public name for the class `torch.compile` returns).
+#: The private names used outside the surface, by file, and why. The core rungs (the connector's re-apply and
+#: `use_compile`, and the fixes of Lightning's functions) are Lightning's own code: they use Lightning's private names,
+#: and `OptimizedModule` (torch has no public name for what `torch.compile` returns), as Lightning's
+#: `utilities/compile.py` does. The package's monkeypatch wraps `Trainer.__init__` in Lightning's own decorator.
+CORE = {"OptimizedModule", "_orig_mod", "_compiler_ctx", "_compile_kwargs", "_unwrap_compiled"}
+CORE |= {"_MultiProcessingLauncher", "_verify_strategy_can_compile", "_TORCH_GREATER_EQUAL_2_6"}
 ALLOWED_OUTSIDE = {
-    "lightning_fixes.py": {"torch._dynamo.OptimizedModule"},
-    "compile_connector.py": {"torch._dynamo.OptimizedModule"},
+    "compile_connector.py": CORE,
+    "lightning_fixes.py": CORE | {"_original_module", "_check_mixed_imports"},
+    "patch.py": {"_defaults_from_env_vars"},
+    "list_outputs.py": {"_dataloader"},  # the end of the names of Lightning's dataloader hooks, not a name
 }
-#: DDP's private attributes, which only the surface reads.
-DDP_PRIVATE = ("_use_python_reducer", "_accum_grad_hooks", "_check_sync_bufs_pre_fwd", "_check_sync_bufs_post_fwd")
-DDP_PRIVATE += ("_sync_buffers",)
 
 EXERCISED: set[str] = set()
 
@@ -53,40 +58,85 @@ def exercises(*entries: str):
     return lambda test: test
 
 
-def code_lines(path: Path) -> list[str]:
-    """The lines of ``path`` without docstrings, strings and comments."""
-    source = path.read_text()
-    tree = ast.parse(source)
-    strings = {
-        line
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
-        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
-        if node.lineno != node.end_lineno  # a docstring or other multi-line string: all of its lines
-    }
-    lines = source.splitlines()
-    return [
-        re.sub(r"#.*|\"[^\"]*\"|'[^']*'", "", line) for number, line in enumerate(lines, 1) if number not in strings
-    ]
+def _defined(trees: list[ast.Module]) -> set[str]:
+    """The names the change defines itself: functions, classes, variables, arguments, and its objects' attributes."""
+    names = set()
+    for node in (node for tree in trees for node in ast.walk(tree)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.alias) and node.asname:
+            names.add(node.asname)
+    return names
 
 
-def test_no_feature_reaches_a_private_torch_name_but_through_the_surface():
-    reached = {}
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_names(tree: ast.Module, defined: set[str], own_modules: tuple[str, ...]) -> set[str]:
+    """The private names of others (torch's, Lightning's, CPython's) that ``tree`` reads or writes.
+
+    An attribute (``module._call_impl``), a name imported from another package (``from torch._dynamo import x``,
+    ``import torch._dynamo``), and a string that names an attribute (``getattr(m, "_compiled_call_impl")``).
+
+    """
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in defined:
+            found.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and not (node.module or "").startswith(own_modules):
+            parts = (node.module or "").split(".")
+            found |= {f"{node.module}.{a.name}" for a in node.names if _private(a.name) or any(map(_private, parts))}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if any(map(_private, alias.name.split(".")))}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            found |= {node.value} if _private(node.value) and node.value not in defined else set()
+    return found
+
+
+def test_no_module_reaches_a_private_name_but_through_the_surface():
+    """torch's, Lightning's and CPython's private names are read in the surface only, so that a release that moves one
+    changes one entry there; the exceptions are listed, each with its reason, in ``ALLOWED_OUTSIDE``."""
+    trees = {path: ast.parse(path.read_text()) for path in SOURCES}
+    defined = _defined(list(trees.values()))
+    own_modules = ("lightning_compile_patch", "lightning.pytorch.trainer.connectors.compile")
     assert len(SOURCES) > 10
-    for path in SOURCES:
-        if path.name == "_torch_surface.py":
-            continue
-        for line in code_lines(path):
-            imported = re.match(r"\s*from (torch\S*) import (.*)", line)
-            names = re.findall(r"torch(?:\._C)?\._[A-Za-z]\w*(?:\.\w+)*", line)
-            if imported and names:  # `from torch._dynamo import OptimizedModule`: the names it binds
-                names = [f"{imported[1]}.{name.split(' as ')[0].strip()}" for name in imported[2].split(",")]
-            for name in names:
-                if name not in ALLOWED_OUTSIDE.get(path.name, ()):
+    reached = {}
+    for path, tree in trees.items():
+        if path.name != "_private_names.py":
+            for name in private_names(tree, defined, own_modules):
+                if name.rsplit(".", 1)[-1] not in ALLOWED_OUTSIDE.get(path.name, ()):
                     reached.setdefault(name, path.name)
-            for name in re.findall(rf"\.({'|'.join(DDP_PRIVATE)})\b", line):
-                reached.setdefault(f"DistributedDataParallel.{name}", path.name)
-    assert not reached, f"reach these through compile_features/_torch_surface.py: {reached}"
+    assert not reached, f"reach these through compile_features/_private_names.py: {reached}"
+
+
+def test_the_check_sees_each_kind_of_private_name():
+    source = """
+import torch._dynamo
+from torch._dynamo import convert_frame
+from lightning.fabric.wrappers import _unwrap_compiled
+frame = sys._getframe(1)
+module._compiled_call_impl = None
+hooked = getattr(module, "_distribute_module_applied", False)
+self._own = 1
+value = self._own + _unwrap_compiled(x)
+"""
+    found = private_names(ast.parse(source), _defined([ast.parse(source)]), ("lightning_compile_patch",))
+    assert found == {
+        "torch._dynamo",
+        "torch._dynamo.convert_frame",
+        "lightning.fabric.wrappers._unwrap_compiled",
+        "_getframe",
+        "_compiled_call_impl",
+        "_distribute_module_applied",
+    }
 
 
 def test_every_entry_is_exercised():
@@ -317,7 +367,7 @@ def test_compiled_autograd_captures_the_backward_while_switched_on():
 
 @pytest.mark.skipif(not TORCH_2_6, reason="DDP's python reducer is read on torch 2.6-2.14")
 @exercises("ddp_uses_python_reducer", "ddp_file_traced", "stop_tracing_ddp_file", "remove_reducer_hooks")
-@exercises("sync_ddp_buffers")
+@exercises("sync_ddp_buffers", "INDUCTOR_DDP_SETTINGS")
 def test_ddp_built_under_the_python_reducer_is_told_synced_and_undone(tmp_path):
     if dist.is_initialized():
         pytest.skip("a process group is already up in this process")
@@ -329,10 +379,7 @@ def test_ddp_built_under_the_python_reducer_is_told_synced_and_undone(tmp_path):
         assert not surface.ddp_uses_python_reducer(plain)
         assert not surface.ddp_uses_python_reducer(nn.BatchNorm1d(2))  # no DDP at all
         # building DDP under the python reducer sets inductor's DDP fusion for the process: the patch puts it back
-        fusion = {
-            name: getattr(surface.inductor_config, name)
-            for name in ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
-        }
+        fusion = {name: getattr(surface.inductor_config, name) for name in surface.INDUCTOR_DDP_SETTINGS}
         with torch._dynamo.config.patch(optimize_ddp="python_reducer"), surface.inductor_config.patch(fusion):
             wrapper = nn.parallel.DistributedDataParallel(nn.BatchNorm1d(2))
         assert surface.ddp_uses_python_reducer(wrapper)
@@ -353,3 +400,118 @@ def test_ddp_built_under_the_python_reducer_is_told_synced_and_undone(tmp_path):
 @exercises("inductor_default_cache_dir")
 def test_inductors_default_cache_directory_is_a_path():
     assert os.path.isabs(surface.inductor_default_cache_dir())
+
+
+@exercises("COMPILED_CALL", "compiled_call", "module_call")
+def test_a_module_compiled_in_place_runs_its_compiled_call_in_place_of_its_own():
+    module = nn.Linear(2, 2)
+    assert surface.compiled_call(module) is None
+    own = surface.module_call(module)
+    assert own.__func__ is nn.Module._call_impl  # hooks, then `forward`
+    module.compile(backend="eager")
+    assert surface.compiled_call(module) is getattr(module, surface.COMPILED_CALL)
+    calls = []
+    setattr(module, surface.COMPILED_CALL, lambda *args: calls.append(args) or own(*args))
+    module(torch.ones(1, 2))
+    assert len(calls) == 1  # `__call__` ran what the attribute holds
+
+
+@pytest.mark.skipif(not TORCH_2_13, reason="torch 2.6's `distribute_module` marks nothing: the entry reads False")
+@exercises("tensor_parallel_hooks")
+def test_a_module_parallelize_module_hooked_is_told(tmp_path):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_module
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    module = nn.Linear(2, 2)
+    assert not surface.tensor_parallel_hooks(module)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        distribute_module(module, init_device_mesh("cpu", (1,)))
+        assert surface.tensor_parallel_hooks(module)
+    finally:
+        dist.destroy_process_group()
+
+
+@exercises("run_like")
+def test_a_wrapped_graph_is_called_as_the_backend_compiled_it():
+    calls = []
+
+    def counting(gm, example_inputs):
+        compiled = torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+        return surface.run_like(lambda *args: calls.append(1) or compiled(*args), compiled)
+
+    fn = torch.compile(lambda x: torch.sin(x) + 1, backend=counting)
+    assert torch.equal(
+        fn(torch.ones(2)), torch.sin(torch.ones(2)) + 1
+    )  # called with the inputs as the graph takes them
+    assert calls == [1]
+
+
+@exercises("wrapped_function")
+def test_the_function_a_wrapper_stands_for_is_found():
+    def step(x):
+        return x
+
+    assert surface.wrapped_function(step) is None
+    assert surface.wrapped_function(torch.compiler.disable(step)) is step
+    assert surface.wrapped_function(torch.compile(step, backend="eager")) is step
+    assert surface.wrapped_function(functools.partial(step, 1)) is step
+
+
+@exercises("calling_frame")
+def test_the_calling_frame_is_the_callers_caller():
+    def graph():
+        return surface.calling_frame()
+
+    def caller():
+        return graph()
+
+    assert caller().f_code is caller.__code__
+
+
+@exercises("RESUME_FUNCTION", "resumed_function")
+def test_the_code_dynamo_resumes_a_function_with_after_a_graph_break_names_it():
+    def step(x):
+        x = x + 1
+        torch._dynamo.graph_break()
+        return x * 2
+
+    torch._dynamo.reset()
+    torch.compile(step, backend="eager")(torch.ones(2))
+    names = [ref().co_name for ref in surface.converted_codes() if ref() is not None]
+    resumed = [name for name in names if surface.resumed_function(name) is not None]
+    assert resumed, names
+    assert {surface.resumed_function(name) for name in resumed} == {"step"}
+    assert surface.RESUME_FUNCTION.fullmatch(resumed[0])["line"].isdigit()
+    assert surface.resumed_function("step") is None
+
+
+@exercises("lightning_optimizers", "ddp_options", "forward_redirection")
+def test_lightnings_objects_are_read_where_it_has_no_public_accessor():
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.core.optimizer import LightningOptimizer
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning.pytorch.strategies import DDPStrategy
+
+    trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    model = BoringModel()
+    trainer.fit(model)
+    [optimizer] = surface.lightning_optimizers(trainer.strategy)
+    assert isinstance(optimizer, LightningOptimizer)
+    assert optimizer.optimizer is trainer.optimizers[0]
+    hook = lambda state, bucket: None  # noqa: E731
+    strategy = DDPStrategy(find_unused_parameters=True, ddp_comm_hook=hook)
+    assert surface.ddp_options(strategy) == ({"find_unused_parameters": True}, hook)
+    assert surface.forward_redirection(trainer.strategy) is not None
+
+
+@exercises("TORCH_BREAKS")
+def test_torchs_own_graph_breaks_are_named_by_texts_of_dynamos_reasons():
+    assert set(surface.TORCH_BREAKS.values()) == {"DDP", "FSDP"}
+    from torch.nn.parallel import distributed
+
+    assert hasattr(distributed, "_inside_ddp_forward") or hasattr(
+        distributed.DistributedDataParallel, "_inside_ddp_forward"
+    )

@@ -1,17 +1,22 @@
-"""The private torch surface of the compile features, in one place: each entry, what it is for, and its torch versions.
+"""The private names the compile features read, in one place: each entry, what it is for, and its versions.
 
 torch has no public API yet for what several features need: which graphs ran, why a frame was skipped, resetting
-one code object's compiled entries, turning compiled autograd on for a run. Each such name is reached here and nowhere
-else, behind a function or constant named for what the features do with it, so that a torch release that moves one
-breaks one line, and a test per CI torch (``tests/test_torch_surface.py``) calls every entry as the features do.
+one code object's compiled entries, turning compiled autograd on for a run. Nor does Lightning for a few of its objects
+(the strategy's ``LightningOptimizer`` list, its DDP arguments), nor CPython for the calling frame. Each such name is
+reached here and nowhere else, behind a function or constant named for what the features do with it, so that a release
+that moves one breaks one line, and a test per CI torch (``tests/test_private_names.py``) calls every entry as the
+features do; that test also fails on a private name read outside this module.
 
 The range after each entry is the torch versions it is read on (where it is looked up with ``getattr``, the versions
 that have it); CI calls each on torch 2.6, 2.13 and 2.15 (2.14 with its nox session), and Lightning's own CI imports
 it on 2.1 and 2.9. DDP's private attributes, which compiled autograd needs under the python reducer, are here too.
+Lightning's are read on Lightning 2.1 to 2.6 and master.
 
 """
 
 import os
+import re
+import sys
 import types
 import weakref
 from typing import Any, Callable, Optional
@@ -163,6 +168,11 @@ def backend(name_or_callable: Any, mode: Optional[str], options: Optional[dict],
     return torch._TorchCompileWrapper(name_or_callable, mode, options, dynamic)
 
 
+#: Texts of Dynamo's graph-break reasons that name torch's own code, which breaks there on purpose or cannot be traced,
+#: and whose code it is: DDP runs its inner module call outside the outer graph (``_inside_ddp_forward``), its C++
+#: reducer and logger cannot be traced (2.14 steps into DDP's forward and breaks at them), and FSDP2's hooks are
+#: compiler-disabled (2.6-2.15).
+TORCH_BREAKS = {"_inside_ddp_forward": "DDP", "of class `Reducer`": "DDP", "of class `Logger`": "DDP", "fsdp": "FSDP"}
 #: What a failed compile raises (2.1-2.15); ``FailOnRecompileLimitHit`` (2.6+) is outside Dynamo's hierarchy.
 COMPILE_ERRORS: tuple[type[BaseException], ...] = tuple(
     error
@@ -183,9 +193,11 @@ DYNAMO_DIR = os.path.dirname(torch._dynamo.__file__) + os.sep
 def compiled_autograd_switch() -> Optional[Callable[..., Any]]:
     """The context manager that turns compiled autograd on with a compiler, or ``None`` where torch has none.
 
-    ``compiled_autograd._enable`` (2.6-2.15).
+    ``compiled_autograd._enable`` (2.6-2.15), the same on each; older torch is not tested with it.
 
     """
+    if torch.__version__ < "2.6":  # `TorchVersion` compares with a string
+        return None
     try:
         from torch._dynamo import compiled_autograd
     except ImportError:
@@ -238,3 +250,90 @@ def inductor_default_cache_dir() -> str:
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     return default_cache_dir()
+
+
+# Modules: ``nn.Module.compile`` keeps its compiled call on the module (2.2-2.15).
+
+#: The attribute ``nn.Module.compile`` sets to the module's compiled call, which ``__call__`` runs in its place.
+COMPILED_CALL = "_compiled_call_impl"
+
+
+def compiled_call(module: torch.nn.Module) -> Optional[Callable[..., Any]]:
+    """The compiled call ``module.compile()`` set, or ``None`` where the module is not compiled in place."""
+    return getattr(module, COMPILED_CALL, None)
+
+
+def module_call(module: torch.nn.Module) -> Callable[..., Any]:
+    """The module's own call, hooks and ``forward``, which its compiled call replaces (``_call_impl``)."""
+    return module._call_impl
+
+
+def tensor_parallel_hooks(module: torch.nn.Module) -> bool:
+    """Whether ``parallelize_module`` (``distribute_module``) put its hooks on ``module``.
+
+    Its mark ``_distribute_module_applied`` is read on 2.13-2.15; torch 2.6 sets none, so there it reads ``False``.
+
+    """
+    return bool(getattr(module, "_distribute_module_applied", False))
+
+
+#: What building a DDP under the python reducer sets in inductor's settings, for the whole process (2.6-2.15).
+INDUCTOR_DDP_SETTINGS = ("_fuse_ddp_communication", "_fuse_ddp_bucket_size")
+
+
+# Graphs and frames.
+
+
+def run_like(run: Callable[..., Any], compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``run``, a wrapper of a backend's compiled graph, called as ``compiled`` is.
+
+    That is, with its inputs as one list where ``compiled`` takes them so (AOTAutograd's ``_boxed_call``, 2.1-2.15).
+
+    """
+    run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
+    return run
+
+
+def wrapped_function(function: Any) -> Any:
+    """What ``function`` wraps, or ``None``.
+
+    ``functools.wraps``'s ``__wrapped__``; Dynamo's ``_torchdynamo_orig_callable``, the function that a
+    ``torch.compile`` or ``torch.compiler.disable`` wrapper stands for (2.1-2.15); a partial's ``func``.
+
+    """
+    names = ("__wrapped__", "_torchdynamo_orig_callable", "func")
+    return next((inner for name in names if (inner := getattr(function, name, None)) is not None), None)
+
+
+def calling_frame() -> Optional[types.FrameType]:
+    """The frame of the caller of the function that calls this one (CPython's ``sys._getframe``, every version)."""
+    return sys._getframe(2)
+
+
+#: Dynamo's name for the code it resumes a function with after a graph break: ``torch_dynamo_resume_in_<fn>_at_<line>``
+#: (2.1-2.15).
+RESUME_FUNCTION = re.compile(r"torch_dynamo_resume_in_(?P<function>.+)_at_(?P<line>\d+)")
+
+
+def resumed_function(name: str) -> Optional[str]:
+    """The name of the function that the code named ``name`` resumes after a graph break, or ``None``."""
+    match = RESUME_FUNCTION.fullmatch(name)
+    return match["function"] if match else None
+
+
+# Lightning's objects (2.1-2.6), read where Lightning has no public accessor.
+
+
+def lightning_optimizers(strategy: Any) -> list[Any]:
+    """The ``LightningOptimizer`` wrappers that ``self.optimizers()`` returns, one per optimizer of the strategy."""
+    return list(strategy._lightning_optimizers)
+
+
+def ddp_options(strategy: Any) -> tuple[dict[str, Any], Optional[Callable[..., Any]]]:
+    """A ``DDPStrategy``'s keyword arguments for ``DistributedDataParallel``, and its communication hook."""
+    return dict(strategy._ddp_kwargs), strategy._ddp_comm_hook
+
+
+def forward_redirection(strategy: Any) -> Optional[Any]:
+    """The strategy's ``_ForwardRedirection``: it runs a step through the wrapper's ``forward`` (FSDP)."""
+    return getattr(strategy, "_forward_redirection", None)
