@@ -245,6 +245,29 @@ def test_compilation_metrics_give_dynamos_reason_for_a_skipped_frame():
     assert "loop" in metrics.fail_reason.lower()  # the cause the summary reads
 
 
+@pytest.mark.skipif(not TORCH_2_13, reason="2.6 records a frame skipped for a graph break in a loop as no failure")
+@exercises("compiles_since", "frame_key", "failed_codes")
+def test_the_frames_compiled_since_a_time_are_found_newest_first_and_the_failed_ones_by_their_code():
+    def skipped(x):
+        for _ in range(2):
+            print(end="")  # Dynamo skips the frame
+            x = x + 1
+        return x
+
+    def compiled(x):
+        return x * 2
+
+    compiled_once(compiled)
+    since_us = surface.started_us(surface.compilation_metrics()[-1]) + 1
+    assert surface.failed_codes(since_us) == []
+    compiled_once(skipped)
+    compiled_once(lambda x: x - 1)
+    recent = surface.compiles_since(since_us)
+    assert [m.co_name for m in recent] == ["<lambda>", "skipped"]  # newest first, and nothing before `since_us`
+    assert surface.frame_key(recent[1]) == surface.frame_key(skipped.__code__)
+    assert surface.failed_codes(since_us) == [skipped.__code__]
+
+
 @exercises("converted_codes", "cache_entries", "reset_code", "per_code_reset")
 def test_each_converted_code_is_listed_and_can_be_reset():
     assert surface.per_code_reset()

@@ -101,6 +101,28 @@ def started_us(metrics: Any) -> float:
     return getattr(metrics, "start_time_us", None) or (getattr(metrics, "start_time", None) or 0) * 1e6
 
 
+def compiles_since(since_us: float) -> list[Any]:
+    """The compilation metrics of the frames Dynamo converted since ``since_us``, newest first."""
+    recent = []
+    for metrics in reversed(compilation_metrics()):
+        if started_us(metrics) < since_us:
+            break  # the rest are older still
+        recent.append(metrics)
+    return recent
+
+
+def frame_key(frame: Any) -> tuple[Optional[str], Optional[str], Optional[int]]:
+    """How compilation metrics name a frame's code: its name, file and first line, read off the metrics or a code."""
+    return getattr(frame, "co_name", None), getattr(frame, "co_filename", None), getattr(frame, "co_firstlineno", None)
+
+
+def failed_codes(since_us: float) -> list[types.CodeType]:
+    """The code objects whose compile failed (or Dynamo skipped) since ``since_us``, the newest failure first."""
+    keys = dict.fromkeys(frame_key(m) for m in compiles_since(since_us) if getattr(m, "fail_type", None))
+    codes = [code for code in (ref() for ref in reversed(converted_codes())) if code is not None]
+    return [code for key in keys for code in codes if frame_key(code) == key]
+
+
 # Code objects: Dynamo keeps compiled entries, a recompile count and a "skip" mark per code object, for the process.
 
 

@@ -83,14 +83,7 @@ class _CompileBudget(_CompileFeature):
 
 def _failed_codes(since_us: int) -> list["weakref.ref[types.CodeType]"]:
     """The code Dynamo failed to compile since ``since_us``, from its compilation metrics (none on torch 2.1)."""
-    failed = set()
-    for metrics in surface.compilation_metrics():
-        if getattr(metrics, "fail_type", None) and surface.started_us(metrics) >= since_us:
-            failed.add((metrics.co_name, metrics.co_filename, metrics.co_firstlineno))
-    if not failed:
-        return []
-    codes = (ref() for ref in surface.converted_codes())
-    return [weakref.ref(c) for c in codes if c is not None and (c.co_name, c.co_filename, c.co_firstlineno) in failed]
+    return [weakref.ref(code) for code in surface.failed_codes(since_us)]
 
 
 FEATURE = _CompileBudget

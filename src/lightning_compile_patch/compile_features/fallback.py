@@ -115,16 +115,7 @@ def _frame_name(code: types.CodeType) -> str:
 
 def _failed_code(since_us: float) -> Optional[types.CodeType]:
     """The code object of the newest frame whose compile failed since ``since_us``, from Dynamo's records."""
-    for metrics in reversed(surface.compilation_metrics()):
-        if surface.started_us(metrics) < since_us:
-            return None
-        if getattr(metrics, "fail_type", None):
-            key = (metrics.co_name, metrics.co_filename, metrics.co_firstlineno)
-            codes = (ref() for ref in reversed(surface.converted_codes()))
-            return next(
-                (c for c in codes if c is not None and (c.co_name, c.co_filename, c.co_firstlineno) == key), None
-            )
-    return None
+    return next(iter(surface.failed_codes(since_us)), None)
 
 
 FEATURE = _Fallback

@@ -146,17 +146,17 @@ def outcome(parts: list[nn.Module], since_us: float) -> tuple[list[nn.Module], d
 
     """
     failed: dict[tuple, str] = {}
-    for metrics in surface.compilation_metrics():
-        if surface.started_us(metrics) >= since_us and getattr(metrics, "fail_type", None):
+    for metrics in reversed(surface.compiles_since(since_us)):  # oldest first: the newest failure of a frame stays
+        if getattr(metrics, "fail_type", None):
             reason = str(getattr(metrics, "fail_reason", "") or metrics.fail_type).strip().splitlines()[0]
-            failed[(metrics.co_name, metrics.co_filename, metrics.co_firstlineno)] = reason.rstrip(".:")
+            failed[surface.frame_key(metrics)] = reason.rstrip(".:")
     compiled, eager = [], {}
     for module in parts:
         part = _PARTS.get(module)
         if part is None or not part.ran:
             continue
         forward = getattr(type(module).forward, "__code__", None)
-        refused = failed.get((forward.co_name, forward.co_filename, forward.co_firstlineno)) if forward else None
+        refused = failed.get(surface.frame_key(forward)) if forward else None
         if part.failed is not None:
             eager[module] = f"torch failed on it: {part.failed[:200]}"
         elif refused is None and surface.cache_entries(part.code):

@@ -207,11 +207,6 @@ _FUNCTION = re.compile(r"'(?P<name>[^']*)' \((?P<file>.*):(?P<line>\d+)\)")
 _Key = tuple[str, str, int]
 
 
-def _key(code: CodeType) -> _Key:
-    """A frame's code as Dynamo's messages and compilation metrics name it."""
-    return (code.co_name, code.co_filename, code.co_firstlineno)
-
-
 _NO_TENSOR_WORK = (
     "Dynamo compiled its code and found no tensor operation in it (it sets attributes, logs Python numbers), so it has"
     " no graph to run: it is none the slower for it."
@@ -477,7 +472,7 @@ class _CompileReport:
         if self.fell_back():
             return "fallback", "it fell back to eager after a compile error (`fallback='eager'`)."
         codes, disabled = _step_codes(step_function)
-        keys = {_key(code) for code in codes}
+        keys = {cast(_Key, surface.frame_key(code)) for code in codes}
         if disabled is not None:
             return "torch.compiler.disable", (
                 f"the step is marked `torch.compiler.disable`{f' ({disabled})' if disabled else ''}, so Dynamo runs it,"
@@ -494,13 +489,8 @@ class _CompileReport:
         # run's: an earlier run's failure of the same code may since have been reset (the compile budget, a failed run)
         callee = None
         graphless = False
-        for metrics in reversed(surface.compilation_metrics()):
-            started_us = surface.started_us(metrics)
-            if started_us < self._start_us:
-                break  # newest first: the rest are older still
-            frame = cast(
-                _Key, tuple(getattr(metrics, name, None) for name in ("co_name", "co_filename", "co_firstlineno"))
-            )
+        for metrics in surface.compiles_since(self._start_us):  # newest first
+            frame = cast(_Key, surface.frame_key(metrics))
             if not getattr(metrics, "fail_type", None):
                 # converted, with no graph: the step's own code computes no tensor (it sets flags, logs numbers)
                 graphless |= frame in keys and not getattr(metrics, "graph_op_count", None)
@@ -508,7 +498,7 @@ class _CompileReport:
             if frame in keys:
                 self._skipped[frame] = _skip_cause(metrics, suppressed)
                 return self._skipped[frame]
-            if started_us >= step_started_us:
+            if surface.started_us(metrics) >= step_started_us:
                 callee = metrics  # newest first: the earliest failure while this step ran, at the end
         cause = None
         if callee is not None:
