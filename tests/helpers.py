@@ -328,7 +328,7 @@ class LoopedValidation(BoringModel):
 
 def last_summary(trainer: Trainer) -> Any:
     """What the compiler did in the Trainer's last run that compiled anything (the run summary feature's record)."""
-    return trainer._compile_connector.last_summary
+    return lightning_side("summary").last_summary(trainer)
 
 
 class BackwardGraphs:

@@ -1,11 +1,12 @@
-"""Every change a run makes outside itself goes through the connector, which puts it back: after a run, after a failed
-run, and after a fallback.
+"""Every change a run makes outside itself goes through the run (``compile_features._run._CompileRun``), which puts it
+back: after a run, after a failed run, and after a fallback.
 
-The connector's ``replace``, ``setenv``, ``enter`` and ``callback`` are the only ways a feature changes an attribute, a
-torch setting or the environment. These tests record each change as it is made, then check, once the run is over,
-that every recorded attribute and variable has its value from before the run again, and that nothing is left to undo.
-And since a change made around the connector escapes that record, each also compares the process's own state
-(:func:`process_state`) before and after.
+The run's ``replace``, ``setenv``, ``enter`` and ``defer`` are the only ways a feature changes an attribute, a torch
+setting or the environment. These tests record each change as it is made, then check, once the run is over, that every
+recorded attribute and variable has its value from before the run again, and that nothing is left to undo. And since a
+change made around the run escapes that record, each also compares the process's own state (:func:`process_state`)
+before and after.
+
 """
 
 import logging
@@ -17,7 +18,18 @@ import pytest
 import torch
 
 import lightning.pytorch
-from helpers import QUIET, TORCH_2_7, TORCH_2_13, LoggingModel, ManualModel, connector_module, demo_gpt, leftovers
+from helpers import (
+    QUIET,
+    TORCH_2_7,
+    TORCH_2_13,
+    LoggingModel,
+    ManualModel,
+    connector_module,
+    demo_gpt,
+    last_summary,
+    leftovers,
+    lightning_side,
+)
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 pytestmark = pytest.mark.package_only  # the connector's own record of what it changed
@@ -75,31 +87,25 @@ def assert_same_process_state(before: dict[str, Any]) -> None:
 
 
 class ChangeLog:
-    """Records, for each change made through a connector, the value it replaced."""
+    """Records, for each change made through a run (what a feature changes goes through it), the value it replaced."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.attributes: list[tuple[Any, str, Any, bool]] = []
         self.environment: list[tuple[str, Any]] = []
-        self.connectors: list[Any] = []
-        cls = connector_module()._CompileConnector
-        replace, setenv, on_run_start = cls.replace, cls.setenv, cls.on_run_start
+        cls = lightning_side("_run")._CompileRun
+        replace, setenv = cls.replace, cls.setenv
 
-        def recording_replace(connector: Any, target: Any, name: str, value: Any, scope: str = "compile") -> None:
+        def recording_replace(run: Any, target: Any, name: str, value: Any, scope: str = "compile") -> None:
             own = name in getattr(target, "__dict__", {})
             self.attributes.append((target, name, getattr(target, name, _ABSENT), own))
-            replace(connector, target, name, value, scope)
+            replace(run, target, name, value, scope)
 
-        def recording_setenv(connector: Any, name: str, value: str, scope: str = "run") -> None:
+        def recording_setenv(run: Any, name: str, value: str, scope: str = "run") -> None:
             self.environment.append((name, os.environ.get(name, _ABSENT)))
-            setenv(connector, name, value, scope)
-
-        def recording_start(connector: Any, model: Any) -> None:
-            self.connectors.append(connector)
-            on_run_start(connector, model)
+            setenv(run, name, value, scope)
 
         monkeypatch.setattr(cls, "replace", recording_replace)
         monkeypatch.setattr(cls, "setenv", recording_setenv)
-        monkeypatch.setattr(cls, "on_run_start", recording_start)
 
     def names(self) -> set[str]:
         return {name for _, name, _, _ in self.attributes} | {name for name, _ in self.environment}
@@ -208,7 +214,7 @@ def test_a_fallback_puts_back_what_it_compiled_at_once_and_the_run_settings_at_t
     trainer = Trainer(strategy="ddp", use_compile={"backend": backend, "fallback": "eager"}, max_steps=3, **QUIET)
     with pytest.warns(UserWarning, match="continues uncompiled"):
         trainer.fit(model)
-    assert trainer._compile_connector.last_summary.fell_back
+    assert last_summary(trainer).fell_back
     # the run's own settings held for every step, after the fallback too (one process: no graph split)
     assert settings_during_steps == [False, False, False], settings_during_steps
     # what was compiled was undone at the fallback, in the first step: the steps after it found nothing compiled
@@ -234,5 +240,5 @@ def test_a_run_whose_teardown_never_ran_does_not_block_the_next():
         first.fit(Failing())
     second = Trainer(use_compile={"backend": "eager"}, max_steps=2, **QUIET)
     second.fit(LoggingModel())
-    assert second._compile_connector.last_summary.compiled_steps["training"] == 2
+    assert last_summary(second).compiled_steps["training"] == 2
     assert connector_module()._RUNNING == []

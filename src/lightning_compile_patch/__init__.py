@@ -12,6 +12,7 @@ Importing it again changes nothing; :func:`remove` undoes the patch.
 
 """
 
+import sys
 from typing import Any, Optional
 
 from lightning_compile_patch._monkeypatch.patch import apply, is_applied, remove
@@ -25,7 +26,12 @@ def last_summary(trainer: Any) -> Optional[Any]:
     eager steps, seconds. ``None`` before such a run.
     """
     connector = getattr(trainer, "_compile_connector", None)
-    return connector.last_summary if connector is not None else None
+    if connector is None:
+        return None
+    # the summary module beside the Trainer's connector: this flavour's (`lightning.pytorch`, `pytorch_lightning`)
+    package = type(connector).__module__.rpartition(".")[0]
+    summary = sys.modules.get(f"{package}.compile_features.summary")
+    return summary.last_summary(trainer) if summary is not None else None
 
 
 apply()

@@ -8,20 +8,16 @@ Compiled steps do not pickle: for a launcher that pickles the model (``strategy=
 
 import contextlib
 import difflib
-import functools
-import importlib
 import inspect
 import os
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Optional, Union, cast
+from typing import Any, Callable, ClassVar, Optional, Union, cast
 
 import torch
 from torch._dynamo import OptimizedModule
 
 import lightning.pytorch as pl
-import lightning_compile_patch.compile_features as compile_features
 from lightning.fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_6
 from lightning.fabric.wrappers import _unwrap_compiled
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -29,132 +25,18 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.compile import _verify_strategy_can_compile, from_compiled, to_uncompiled
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning_compile_patch.compile_features import (
+    STEPS,
+    _build_features,
+    _CompileFeature,
+    _CompileOptions,
+    _feature_classes,
+    _Frozen,
+)
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 _USE_COMPILE = Optional[Union[bool, dict[str, Any]]]
-_Scope = Literal["compile", "run"]
-
-
-class _Frozen(dict):
-    """A dict that refuses changes, and that pickles (``ddp_spawn`` pickles the Trainer) and copies as one."""
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("the compile arguments of a run are a value: derive new ones instead of changing these")
-
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore[assignment]
-
-    def __reduce__(self) -> tuple:
-        return type(self), (dict(self),)
-
-
-@dataclass(frozen=True)
-class _CompileOptions:
-    """``use_compile`` parsed once: the ``torch.compile`` arguments, and the values of the features' own keys."""
-
-    torch_kwargs: Mapping[str, Any] = field(default_factory=_Frozen)
-    keys: Mapping[str, Any] = field(default_factory=_Frozen)
-
-
-class _CompileFeature:
-    """A feature beyond the core: built with the parsed options (raising on a bad value), it owns ``keys`` of them.
-
-    A feature is built only for a Trainer whose ``use_compile`` sets one of its keys (or :attr:`defaults` does), so a
-    feature left unset changes nothing. Hooks run in the order of ``compile_features.FEATURES``, ``teardown`` in
-    reverse, on every path. ``order`` only says how ``wrap`` nests, lowest innermost:
-    ====  ================  =====================================================================
-    5     list_outputs      puts the module's lists behind their views for the compiled call only
-    5     param_groups      refreshes the optimizers' views that a traced ``self.optimizers()`` returns
-    10    defer_logging     replays ``self.log`` right after the compiled call, inside the others
-    45    compiled_autograd syncs DDP's buffers around the compiled call
-    80    fallback          catches a compile error and runs the step eagerly instead
-    90    compile_errors    names the run in a compile error that nothing inside caught
-    95    summary           counts the step as compiled or eager: outermost, so a fallback counts
-    ====  ================  =====================================================================
-
-    """
-
-    #: The keys of the ``use_compile`` dict this feature owns, each with a one-line description for error messages.
-    keys: ClassVar[dict[str, str]] = {}
-    order: ClassVar[int] = 0
-    #: Other keys of ``use_compile`` that the feature runs only with some values of: each with those values (``None``:
-    #: the key left out) and why. The Trainer refuses any other combination when it is built.
-    runs_with: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {}
-
-    @classmethod
-    def wanted(cls, keys: Mapping[str, Any]) -> bool:
-        """Whether a Trainer whose ``use_compile`` (with :attr:`_CompileConnector.defaults`) has ``keys`` builds it."""
-        return any(keys.get(key) is not None and keys[key] is not False for key in cls.keys)
-
-    def __init__(self, options: _CompileOptions) -> None:
-        """Reads and checks the feature's own keys of ``options``."""
-
-    def verify(self, connector: "_CompileConnector") -> None:
-        """At the end of ``Trainer.__init__``: checks of the value against the Trainer's strategy."""
-
-    def on_run_start(self, connector: "_CompileConnector", model: "pl.LightningModule") -> None:
-        """Before the strategy's setup: checks that can fail before the data is prepared, and the run's settings."""
-
-    def compile_kwargs(self, connector: "_CompileConnector", kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The run's ``torch.compile`` arguments, derived from ``kwargs``; returns a new value."""
-        return kwargs
-
-    def setup(self, connector: "_CompileConnector") -> Mapping[str, Any]:
-        """After ``strategy.setup``: may compile parts of the model; returns arguments that apply to the step only."""
-        return {}
-
-    def wrap(
-        self, connector: "_CompileConnector", compiled: Callable, original: Callable, module_call: bool
-    ) -> Callable:
-        """Wraps each compiled callable the strategy calls; ``original`` is what it replaces.
-
-        ``module_call``: ``compiled`` is a wrapper's (DDP's, FSDP's) whole call, not one step method.
-
-        """
-        return compiled
-
-    def teardown(self, connector: "_CompileConnector") -> None:
-        """Ends what the feature tracks of the run; what it changed through the connector is undone by it."""
-
-
-_STEPS = ("training_step", "validation_step", "test_step", "predict_step")
-_ABSENT = object()
-
-
-class _PlainState:
-    """An object's ``__getstate__`` during a run: its state with the attributes the run changed as they were before.
-
-    An attribute the object's own ``__getstate__`` leaves out (torchmetrics' wrapped ``update``) stays out.
-
-    """
-
-    def __init__(self, target: Any) -> None:
-        self.target = target
-        self.before: dict[str, Any] = {}
-
-    def __call__(self) -> dict[str, Any]:
-        getstate = getattr(type(self.target), "__getstate__", None)  # `object` has one from Python 3.11
-        state = dict(getstate(self.target) if getstate is not None else vars(self.target))
-        state.pop("__getstate__", None)
-        for name, value in self.before.items():
-            if name in state and value is _ABSENT:
-                del state[name]
-            elif name in state:
-                state[name] = value
-        return state
-
-
-def _flag(options: _CompileOptions, key: str) -> bool:
-    """The value of a feature's key that turns it on or off; raises if it is not a bool."""
-    value = options.keys.get(key, False)
-    if not isinstance(value, bool):
-        raise TypeError(f"`Trainer(use_compile={{{key!r}: {value!r}}})` must be `True` or `False`.")
-    return value
-
-
-def _delete(target: Any, name: str) -> None:
-    """Deletes ``target.name`` if the target holds it itself (a feature's own undo may have deleted it already)."""
-    if name in vars(target):
-        delattr(target, name)
 
 
 #: The connector of the compiled run in progress in this process, if any: Dynamo's counters, caches and settings are
@@ -191,20 +73,8 @@ class _CompileConnector:
             self.features = _build_features(classes, self.options)
         #: The arguments of a compiled model passed in.
         self._input_kwargs: Optional[Mapping[str, Any]] = None
-        #: The arguments every compile of the run in progress uses (``None``: the run compiles nothing).
-        self.run_kwargs: Optional[Mapping[str, Any]] = None
-        #: The run's ``torch.compile`` arguments as given, before the features derived ``run_kwargs`` from them.
-        self.given: Optional[Mapping[str, Any]] = None
-        #: The arguments the steps are compiled with: ``run_kwargs`` with what the features' ``setup`` returned.
-        self.step_kwargs: Mapping[str, Any] = _Frozen()
-        #: What the last run that compiled did (set by the run summary, if installed).
-        self.last_summary: Optional[Any] = None
-        #: Whether the run in progress went on uncompiled after a compile error (:meth:`fall_back`).
-        self.fell_back = False
-        #: What features say of the run in progress, for its summary (:meth:`note`).
-        self.notes: list[Callable[[], Optional[str]]] = []
-        self._active: list[_CompileFeature] = []
-        self._undo: dict[_Scope, list[Callable[[], Any]]] = {"compile": [], "run": []}
+        #: The run in progress, what its features see of it (``None``: it compiles nothing).
+        self.run: Optional[_CompileRun] = None
 
     def verify_strategy(self) -> None:
         """Rejects a strategy that cannot run compiled, while the Trainer is being constructed."""
@@ -212,7 +82,7 @@ class _CompileConnector:
             # (`ModelParallelStrategy` runs what `use_compile` compiles in `configure_model`)
             _verify_strategy_can_compile(self.trainer.strategy)
         for feature in self.features:
-            feature.verify(self)
+            feature.verify(self.trainer)
 
     def unwrap(self, model: Any) -> Any:
         """Unwraps a compiled model the launcher pickles (``ddp_spawn``): each process compiles it instead."""
@@ -260,170 +130,72 @@ class _CompileConnector:
             self.features = _build_features(_feature_classes(), self.options)
         if self.enabled and self.features:  # what `use_compile`'s features change is process-wide: one run at a time
             self._claim_the_process()
-        self.given, self.fell_back, self.notes = given, False, []
-        self._active = list(self.features)
-        for feature in self._active:
-            feature.on_run_start(self, model)
+        run = self.run = _CompileRun(self.trainer, self.use_compile, self.options, given, list(self.features))
+        for feature in run.features:
+            feature.on_run_start(run, model)
         kwargs: Mapping[str, Any] = given
-        for feature in self._active:
-            kwargs = feature.compile_kwargs(self, kwargs)
-        self.run_kwargs = _Frozen(dict(kwargs))
+        for feature in run.features:
+            kwargs = feature.compile_kwargs(run, kwargs)
+        run.run_kwargs = _Frozen(dict(kwargs))
         if self.enabled or self.input_defaults:  # a compiled model passed in gets the re-apply alone, by default
-            self.defer(_crowded_code_reset(model), scope="run")
+            run.defer(_crowded_code_reset(model), scope="run")
 
     def compile(self) -> None:
         """Compiles, in place, what the strategy runs in this stage, now that the strategy has set the model up."""
-        if self.run_kwargs is None:
+        run = self.run
+        if run is None:
             return
         step_only: dict[str, Any] = {}
-        for feature in self._active:
-            step_only.update(feature.setup(self))
-        kwargs = {**self.run_kwargs, **step_only}
-        self.step_kwargs = _Frozen(kwargs)
+        for feature in run.features:
+            step_only.update(feature.setup(run))
+        kwargs = run.step_kwargs = _Frozen({**run.run_kwargs, **step_only})
         module = self.trainer.lightning_module
-        wrapper = self.trainer.strategy.model
-        if (
-            surface.ddp_uses_python_reducer(wrapper)  # the one setup where compiling DDP's call traces DDP's code
-            and (self.enabled or self.input_defaults)
-            and self._compile_wrapper(wrapper, kwargs)
-        ):
-            return
-        self.keep_copies_plain(module, ("_compiler_ctx", "forward", *_STEPS))
+        run.keep_copies_plain(module, ("_compiler_ctx", "forward", *STEPS))
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
         # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which this compile has no use for
         from_compiled(cast(OptimizedModule, inspect.unwrap(torch.compile)(module, **kwargs)))
-        self.defer(to_uncompiled, module)
+        run.defer(to_uncompiled, module)
         assert module._compiler_ctx is not None
-        for name in _STEPS:
+        for name in STEPS:
             original = module._compiler_ctx[f"original_{name}"]
             if callable(original):  # `validation_step = None` turns the loop off
-                setattr(module, name, self._wrap(getattr(module, name), original, module_call=False))
+                setattr(module, name, run.wrap(getattr(module, name), original))
+        wrapper = self.trainer.strategy.model
+        # the one setup where compiling DDP's call traces DDP's code
+        if surface.ddp_uses_python_reducer(wrapper) and (self.enabled or self.input_defaults):
+            self._compile_wrapper(run, wrapper, kwargs)
 
-    def _compile_wrapper(self, wrapper: torch.nn.Module, kwargs: Mapping[str, Any]) -> bool:
-        """Compiles DDP's call in place, as Fabric does; ``False`` where the steps are compiled inside it instead.
+    def _compile_wrapper(self, run: _CompileRun, wrapper: torch.nn.Module, kwargs: Mapping[str, Any]) -> None:
+        """Compiles DDP's call in place for training, as Fabric does, around the steps compiled on the module.
 
         Only under DDP's python reducer (compiled autograd) is DDP's forward traced with the step: its ``_pre_forward``
         then runs compiled. Under its C++ reducer, DDP's own code runs as Python whatever compiles it, so the steps are
-        compiled, as everywhere else.
+        compiled, as everywhere else; and so does evaluation here, which DDP's call runs on the module's compiled steps.
 
         """
         if kwargs.get("fullgraph"):
             # DDP's forward breaks the graph at its inner module call: its steps are compiled inside it
             rank_zero_info("`fullgraph=True`: the steps are compiled inside the strategy's wrapper, not the wrapper.")
-            return False
+            return
         wrapper.compile(**kwargs)
         # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
-        self.defer(wrapper.__dict__.pop, surface.COMPILED_CALL, None)
-        compiled = surface.compiled_call(wrapper)
-        assert compiled is not None
-        setattr(wrapper, surface.COMPILED_CALL, self._wrap(compiled, surface.module_call(wrapper), module_call=True))
-        return True
+        run.defer(wrapper.__dict__.pop, surface.COMPILED_CALL, None)
+        own = surface.module_call(wrapper)
+        compiled = run.wrap(cast(Callable, surface.compiled_call(wrapper)), own)
+        trainer = self.trainer
 
-    def compile_step(self, name: str) -> None:
-        """Compiles the LightningModule's step ``name`` on the instance, as this run compiles steps, until it ends."""
-        module = self.trainer.lightning_module
-        step = getattr(module, name)
-        if callable(step):  # `validation_step = None` turns the loop off
-            self.replace(module, name, self._wrap(torch.compile(step, **self.step_kwargs), step, module_call=False))
+        def call(*args: Any, **kwargs: Any) -> Any:  # traced with the step to train; DDP's own call to evaluate
+            return (compiled if trainer.training else own)(*args, **kwargs)
 
-    def _wrap(self, compiled: Callable, original: Callable, module_call: bool) -> Callable:
-        """The features' wrappers around ``compiled``; it shows ``original``'s signature, which Lightning reads."""
-        if not self._active:
-            return compiled
-        for feature in sorted(self._active, key=lambda feature: feature.order):
-            compiled = feature.wrap(self, compiled, original, module_call)
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            if torch.compiler.is_compiling():  # called from a step being traced (`test_step` calls `predict_step`)
-                return original(*args, **kwargs)  # traced as written, not through the features' wrappers
-            return compiled(*args, **kwargs)
-
-        return functools.update_wrapper(step, original, updated=())
-
-    def replace(self, target: Any, name: str, value: Any, scope: _Scope = "compile") -> None:
-        """Sets ``target.name`` to ``value`` until the end of ``scope``, then puts back what was there.
-
-        An attribute of the target's own ``__dict__`` (or of a module, such as ``torch._dynamo.config``), and one that a
-        data descriptor of its type holds (an instance's ``__class__``), gets its value back. One that came from a base
-        class, or was not there, is deleted again, from an instance or from a class alike.
-
-        """
-        found = next((vars(cls)[name] for cls in type(target).__mro__ if name in vars(cls)), None)
-        own = name in getattr(target, "__dict__", {}) or isinstance(target, types.ModuleType)
-        if not isinstance(target, (type, types.ModuleType)) and name != "__class__":
-            self.keep_copies_plain(target, (name,), scope=scope)
-        if own or hasattr(type(found), "__set__"):
-            before = getattr(target, name)
-            self.defer(lambda: setattr(target, name, before), scope=scope)
-        else:
-            self.defer(_delete, target, name, scope=scope)
-        setattr(target, name, value)
-
-    def keep_copies_plain(self, target: Any, names: tuple[str, ...], scope: _Scope = "compile") -> None:
-        """Until the end of ``scope``, a pickle or deep copy of ``target`` holds ``names`` as they are now, or not.
-
-        Call it before changing them: a checkpoint pickles the model's hyperparameters (a metric among them), and an EMA
-        or SWA callback deep-copies the model during the run; the copy is the object as it was before the run, with
-        nothing of the run's (a compiled step, a wrapper) that cannot be pickled, or that would act on the original.
-
-        """
-        own = vars(target)
-        plain = own.get("__getstate__")
-        if not isinstance(plain, _PlainState):
-            plain = _PlainState(target)
-            own["__getstate__"] = plain  # pickle and `copy` look it up on the instance first
-            self.defer(_delete, target, "__getstate__", scope=scope)
-        for name in names:
-            plain.before.setdefault(name, own.get(name, _ABSENT))
-
-    def setenv(self, name: str, value: str, scope: _Scope = "run") -> None:
-        """Sets the environment variable ``name`` until the end of ``scope``, then puts back what was there."""
-        before = os.environ.get(name)
-        os.environ[name] = value
-        if before is None:
-            self.defer(lambda: os.environ.pop(name, None), scope=scope)
-        else:
-            self.defer(lambda: os.environ.__setitem__(name, before), scope=scope)
-
-    def enter(self, context: contextlib.AbstractContextManager, scope: _Scope = "run") -> Any:
-        """Enters ``context`` (torch's own ``config.patch``, a switch) until the end of ``scope``."""
-        value = context.__enter__()
-        self.defer(lambda: context.__exit__(None, None, None), scope=scope)
-        return value
-
-    def defer(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:
-        """Calls ``undo(*args)`` when the run's changes are undone (at its teardown), latest first."""
-        # not a `functools.partial`, whose arguments a `deepcopy` of the Trainer mid-run (Lightning's tests do) copies
-        self._undo[scope].append(lambda: undo(*args))
-
-    def uncompile(self) -> None:
-        """Undoes what this run compiled, latest first; the run's settings stay until its teardown."""
-        self._unwind("compile")
-
-    def fall_back(self) -> None:
-        """The run goes on uncompiled after a compile error: what it compiled is undone, and its summary says so."""
-        self.fell_back = True
-        self.uncompile()
-
-    def note(self, note: Callable[[], Optional[str]]) -> None:
-        """Adds what a feature says of the run to its summary: ``note()`` when the run ends, unless it is ``None``."""
-        self.notes.append(note)
-
-    def _unwind(self, scope: _Scope) -> None:
-        undo = self._undo[scope]
-        with contextlib.ExitStack() as stack:  # every step runs, even after one that raised
-            while undo:
-                stack.callback(undo.pop(0))
+        setattr(wrapper, surface.COMPILED_CALL, call)
 
     def teardown(self) -> None:
-        """Ends the run: the features, then what was compiled, then the run's settings; each even after one raised."""
-        active, self._active, self.run_kwargs, self.given = self._active, [], None, None
+        """Ends the run in progress, if any: its features, what it compiled and its settings, then the claim."""
+        run, self.run = self.run, None
         with contextlib.ExitStack() as stack:  # callbacks run last-in, first-out
             stack.callback(self._release)
-            stack.callback(self._unwind, "run")
-            stack.callback(self.uncompile)
-            for feature in active:
-                stack.callback(feature.teardown, self)
+            if run is not None:
+                stack.callback(run.end)
 
     def _claim_the_process(self) -> None:
         if _RUNNING and _RUNNING[0] is not self and _RUNNING[0].trainer.state.status != TrainerStatus.RUNNING:
@@ -481,38 +253,6 @@ def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
                 surface.reset_code(code)  # its entries, its recompile count and its "skip" mark
 
     return reset
-
-
-def _build_features(classes: tuple[type[_CompileFeature], ...], options: _CompileOptions) -> list[_CompileFeature]:
-    """The features that ``options`` turn on, in hook order; refuses a combination that one of them cannot run with."""
-    keys = options.keys
-    features = [feature(options) for feature in classes if feature.wanted(keys)]
-    for feature in features:
-        own = next(iter(feature.keys))
-        for key, (values, why) in feature.runs_with.items():
-            if keys.get(key) not in values:
-                named = [repr(value) for value in values if value is not None]
-                to = f", or set it to {' or '.join(named)}" if named else ""
-                raise ValueError(
-                    f"`Trainer(use_compile={{{own!r}: ..., {key!r}: {keys[key]!r}}})` cannot be combined: {why}."
-                    f" Remove {key!r}{to}, or remove {own!r}."
-                )
-    return features
-
-
-@functools.cache
-def _feature_classes() -> tuple[type[_CompileFeature], ...]:
-    """The ``FEATURE`` of each module that ``compile_features.FEATURES`` lists and this Lightning has, in its order."""
-    classes = []
-    for name in compile_features.FEATURES:
-        module = f"{compile_features.__name__}.{name}"
-        try:
-            classes.append(importlib.import_module(module).FEATURE)
-        except ModuleNotFoundError as error:
-            if error.name != module:
-                raise
-            # the patch that adds this feature is not in this Lightning
-    return tuple(classes)
 
 
 def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any]) -> None:

@@ -25,9 +25,10 @@ FEATURES = tuple(
 UPSTREAM_MODULES: dict[str, str] = {
     "lightning_fixes": "lightning.pytorch.utilities.compile",
     "compile_features": FEATURES_PACKAGE,
-    **CORE,
-    #: the private torch surface the features share: in the seam's patch, loaded before every feature
+    #: the seam's modules, which the core and every feature import: the private names, and the run's context
     "compile_features._private_names": f"{FEATURES_PACKAGE}._private_names",
+    "compile_features._run": f"{FEATURES_PACKAGE}._run",
+    **CORE,
     **{f"compile_features.{name}": f"{FEATURES_PACKAGE}.{name}" for name in FEATURES},
 }
 

@@ -47,9 +47,9 @@ def test_new_files_are_the_package_modules_with_lightning_imports():
     rendered = patchset.render_module("compile_connector")
     assert rendered.startswith("# Copyright The Lightning AI team.")
     assert "lightning_compile_patch" not in rendered
-    assert "import lightning.pytorch.trainer.connectors.compile_features as compile_features" in rendered
+    assert "from lightning.pytorch.trainer.connectors.compile_features import (" in rendered
     feature = patchset.render_module("compile_features.regions")
-    assert "from lightning.pytorch.trainer.connectors.compile_connector import" in feature
+    assert "from lightning.pytorch.trainer.connectors.compile_features import _CompileFeature" in feature
     ast.parse(rendered)
     ast.parse(feature)
 
@@ -86,7 +86,12 @@ def test_the_core_stack_is_the_fixes_then_the_reapply_then_use_compile_then_the_
     assert (reapply, use_compile, seam) == (series.REAPPLY, series.USE_COMPILE, series.FEATURE_SEAM)
     assert reapply.modules == use_compile.modules == ("compile_connector",)
     assert (reapply.rung, use_compile.rung, seam.rung) == ("reapply", "use_compile", "")
-    assert seam.modules == ("compile_features", "compile_connector", "compile_features._private_names")
+    assert seam.modules == (
+        "compile_features",
+        "compile_features._private_names",
+        "compile_features._run",
+        "compile_connector",
+    )
     assert len(fixes) == 4
     for fix in fixes:  # a fix of Lightning's own code, with its tests, that can merge alone
         assert fix.modules == ()
@@ -330,3 +335,11 @@ def test_each_earlier_rung_file_is_one_a_patch_takes_and_differs_from_the_packag
     reapply_fix = next(e for e in series.REAPPLY.edits if isinstance(e, series.ReplaceDef))
     assert "use_compile" not in patchset.fixed_source(reapply_fix, "reapply")
     assert "use_compile" in patchset.fixed_source(reapply_fix)
+
+
+def test_the_seam_runs_one_way_the_connector_imports_the_features_and_no_feature_imports_the_connector():
+    for module in patchset.UPSTREAM_MODULES:
+        if module.startswith("compile_features"):
+            tree = ast.parse(patchset.upstream_modules.module_path(module).read_text())
+            imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+            assert "lightning_compile_patch.compile_connector" not in imported, module

@@ -637,7 +637,7 @@ after the setup and undone after the run, since the features act on that compile
 warns when the model comes back without its `torch.compile` wrapper to a later stage, which runs
 uncompiled. With `input_defaults` empty, a compiled model passed in runs as with the previous
 patches. This patch adds no feature.""",
-    modules=("compile_features", "compile_connector", "compile_features._private_names"),
+    modules=("compile_features", "compile_features._private_names", "compile_features._run", "compile_connector"),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
     edits=(
         Replace(

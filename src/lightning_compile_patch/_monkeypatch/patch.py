@@ -280,7 +280,8 @@ def _patched_run(run: Callable[..., Any]) -> Callable[..., Any]:
 
 def _compile_after_setup(strategy: Any, connector: Any) -> None:
     """For this run, ``strategy.setup`` compiles right after it: the point where the upstream ``_run`` compiles."""
-    if connector.run_kwargs is None:
+    run = connector.run  # what the run compiles (`None`: nothing), and the owner of what it changes
+    if run is None:
         return
     setup = strategy.setup
 
@@ -288,7 +289,7 @@ def _compile_after_setup(strategy: Any, connector: Any) -> None:
         setup(trainer)
         connector.compile()
 
-    connector.replace(strategy, "setup", setup_then_compile, scope="run")
+    run.replace(strategy, "setup", setup_then_compile, scope="run")
 
 
 def _patched_teardown(teardown: Callable[..., Any]) -> Callable[..., Any]:

@@ -34,8 +34,9 @@ import torch
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 _MAGIC = b"LIGHTNING-COMPILE-CACHE 1\n"
 _INDUCTOR_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -117,11 +118,11 @@ def _describe(value: Any) -> Union[str, int, float, bool, list, dict, None]:
     return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
 
 
-def _warm_start(connector: _CompileConnector, cache: str, shared: bool = False) -> Callable[[], None]:
+def _warm_start(run: _CompileRun, cache: str, shared: bool = False) -> Callable[[], None]:
     """Loads this configuration's artifacts for this rank, and returns the function that saves them at the end."""
-    trainer = connector.trainer
-    others = {key: value for key, value in connector.options.keys.items() if key not in _Cache.keys}
-    configuration = _configuration(trainer, dict(connector.given or {}), others)
+    trainer = run.trainer
+    others = {key: value for key, value in run.options.keys.items() if key not in _Cache.keys}
+    configuration = _configuration(trainer, dict(run.given or {}), others)
     key = hashlib.sha256(json.dumps(configuration, sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(cache) / f"{type(trainer.lightning_module).__name__}-{key}"
     artifacts = folder / f"rank{trainer.global_rank}.bin"
@@ -134,17 +135,17 @@ def _warm_start(connector: _CompileConnector, cache: str, shared: bool = False) 
         )
         return lambda: None
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _use_inductor_dir(connector, folder / "inductor")
+    _use_inductor_dir(run, folder / "inductor")
     _load(artifacts, configuration)
     return lambda: _save(artifacts, configuration)
 
 
-def _use_inductor_dir(connector: _CompileConnector, path: Path) -> None:
+def _use_inductor_dir(run: _CompileRun, path: Path) -> None:
     """Points inductor's on-disk cache at ``path`` for the run, unless the user chose a directory."""
     previous = os.environ.get(_INDUCTOR_DIR_ENV)
     if previous is not None and os.path.abspath(previous) != os.path.abspath(surface.inductor_default_cache_dir()):
         return  # set by the user (inductor sets it to its default on first use)
-    connector.setenv(_INDUCTOR_DIR_ENV, str(path), scope="run")
+    run.setenv(_INDUCTOR_DIR_ENV, str(path), scope="run")
 
 
 def _load(path: Path, configuration: dict[str, Any]) -> None:
@@ -208,12 +209,12 @@ class _Cache(_CompileFeature):
             raise TypeError(f"`Trainer(use_compile={{'cache_shared': {self.shared!r}}})` must be a bool.")
         self._save: Optional[Callable[[], None]] = None
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         if self.cache is not None:
-            self._save = _warm_start(connector, self.cache, self.shared)
+            self._save = _warm_start(run, self.cache, self.shared)
         return {}
 
-    def teardown(self, connector: _CompileConnector) -> None:
+    def teardown(self, run: _CompileRun) -> None:
         save, self._save = self._save, None
         if save is not None:
             save()

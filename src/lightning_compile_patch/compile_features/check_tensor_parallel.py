@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The torch versions (major.minor) that tensor parallelism under ``use_compile`` was tested on, on CPU with gloo
 #: (``tests/test_tensor_parallel.py``); on others it warns. Add one when that test passed on it.
@@ -98,8 +99,8 @@ class _TensorParallel(_CompileFeature):
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "check_tensor_parallel")
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        _check_tensor_parallel(connector.trainer.lightning_module)  # after `regions` has compiled its blocks, if set
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
+        _check_tensor_parallel(run.trainer.lightning_module)  # after `regions` has compiled its blocks, if set
         return {}
 
 

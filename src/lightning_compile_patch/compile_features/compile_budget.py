@@ -24,15 +24,16 @@ and no other torch has it; a reset works on every torch.
 import time
 import types
 import weakref
-from typing import Any, Optional
+from typing import Any
 
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The Trainer whose run compiled last in this process, and the spans of ``converted_codes()`` that compiled runs added
 #: (adjacent runs share one span, so this stays as short as the runs are interleaved with code compiled outside them),
 #: and the code that failed to compile in that Trainer's runs (weak references; emptied when another Trainer starts).
-_LAST: dict[str, Any] = {"connector": None, "start": None, "spans": [], "started_us": None, "failed": []}
+_LAST: dict[str, Any] = {"trainer": None, "start": None, "spans": [], "started_us": None, "failed": []}
 
 
 class _CompileBudget(_CompileFeature):
@@ -40,13 +41,13 @@ class _CompileBudget(_CompileFeature):
 
     keys = {"compile_budget": "True: each Trainer's runs get a recompile budget of their own for the code they compile"}
 
-    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+    def on_run_start(self, run: _CompileRun, model: Any) -> None:
         seen = surface.converted_codes()
         spans: list[list[int]] = _LAST["spans"]
         if spans and spans[-1][1] > len(seen):  # `torch._dynamo.reset()` emptied Dynamo's record: so is ours
             spans.clear()
-        last: Optional[_CompileConnector] = _LAST["connector"]() if _LAST["connector"] is not None else None
-        if last is not connector:
+        last = _LAST["trainer"]() if _LAST["trainer"] is not None else None
+        if last is not run.trainer:
             for start, end in spans:
                 for ref in seen[start:end]:
                     code = ref()
@@ -64,12 +65,12 @@ class _CompileBudget(_CompileFeature):
                 if code is not None:
                     surface.reset_code(code)
             _LAST["failed"] = []
-        _LAST.update(connector=weakref.ref(connector), start=len(seen), started_us=time.time_ns() // 1000)
+        _LAST.update(trainer=weakref.ref(run.trainer), start=len(seen), started_us=time.time_ns() // 1000)
 
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "compile_budget")
 
-    def teardown(self, connector: _CompileConnector) -> None:
+    def teardown(self, run: _CompileRun) -> None:
         start, end, spans = _LAST["start"], len(surface.converted_codes()), _LAST["spans"]
         if start is None or start > end:
             return

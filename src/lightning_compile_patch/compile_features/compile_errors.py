@@ -31,8 +31,9 @@ from typing import Any, Callable, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerStatus
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The interpreter's own errors of a call's arguments, which surface in Dynamo's frame that makes the call.
 _ARGUMENT_BINDING = re.compile(
@@ -79,62 +80,62 @@ class _CompileErrors(_CompileFeature):
         _flag(options, "compile_errors")
         self._codes_before: Optional[int] = None
 
-    def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
+    def on_run_start(self, run: _CompileRun, model: "pl.LightningModule") -> None:
         self._codes_before = len(surface.converted_codes())
         if surface.NON_LAZY_BACKWARD and model.automatic_optimization:
-            connector.replace(surface.functorch_config, "force_non_lazy_backward_lowering", True, scope="run")
+            run.replace(surface.functorch_config, "force_non_lazy_backward_lowering", True, scope="run")
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         if not surface.NON_LAZY_BACKWARD:
-            _name_backward_errors(connector)
+            _name_backward_errors(run)
         return {}
 
-    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
-        def run(*args: Any, **kwargs: Any) -> Any:
+    def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 return compiled(*args, **kwargs)
             except Exception as error:
                 if is_compile_error(error):
-                    connector.uncompile()
-                    raise named_error(connector, error) from error
+                    run.uncompile()
+                    raise named_error(run, error) from error
                 if hasattr(error, "add_note"):  # Python 3.11+
-                    error.add_note(f"(raised in the {describe_run(connector)})")
+                    error.add_note(f"(raised in the {describe_run(run)})")
                 raise
 
-        return run
+        return call
 
-    def teardown(self, connector: _CompileConnector) -> None:
+    def teardown(self, run: _CompileRun) -> None:
         codes_before, self._codes_before = self._codes_before, None
-        if codes_before is not None and connector.trainer.state.status == TrainerStatus.INTERRUPTED:
+        if codes_before is not None and run.trainer.state.status == TrainerStatus.INTERRUPTED:
             for ref in surface.converted_codes()[codes_before:]:
                 code = ref()
                 if code is not None:
                     surface.reset_code(code)  # clears its cache entries and its "skip" mark
 
 
-def _name_backward_errors(connector: _CompileConnector) -> None:
+def _name_backward_errors(run: _CompileRun) -> None:
     """On torch before 2.13: a backward that fails to compile raises an error naming the run."""
-    strategy = connector.trainer.strategy
+    strategy = run.trainer.strategy
     backward = strategy.backward
 
     def named(*args: Any, **kwargs: Any) -> Any:
         try:
             return backward(*args, **kwargs)
         except surface.COMPILE_ERRORS as error:
-            connector.uncompile()
+            run.uncompile()
             raise RuntimeError(
-                f"{failure_message(connector, error, fallback=False)} (It failed in the backward: `fallback` applies"
+                f"{failure_message(run, error, fallback=False)} (It failed in the backward: `fallback` applies"
                 " to the backward from torch 2.13 on.)"
             ) from error
 
-    connector.replace(strategy, "backward", named, scope="run")
+    run.replace(strategy, "backward", named, scope="run")
 
 
-def describe_run(connector: _CompileConnector) -> str:
+def describe_run(run: _CompileRun) -> str:
     """The stage, the ``use_compile`` value and the strategy of the run, for messages."""
-    trainer = connector.trainer
+    trainer = run.trainer
     stage = trainer.state.fn.value if trainer.state.fn else "unknown"
-    value = _short(connector.use_compile)
+    value = _short(run.use_compile)
     return f"{stage} step compiled by `use_compile={value}` under {type(trainer.strategy).__name__}"
 
 
@@ -149,7 +150,7 @@ def _short(value: Any) -> str:
     return repr(value)
 
 
-def named_error(connector: _CompileConnector, error: BaseException) -> Exception:
+def named_error(run: _CompileRun, error: BaseException) -> Exception:
     """The error that stops the run: a ``RuntimeError`` naming it, and of the type of the user's error it wraps, if any.
 
     A ``TypeError`` of the step's own code stays a ``TypeError`` to the user's handlers (as a subclass of both), with
@@ -158,11 +159,11 @@ def named_error(connector: _CompileConnector, error: BaseException) -> Exception
     """
     cause = user_error(error)
     if cause is None or type(cause) is RuntimeError:
-        return RuntimeError(failure_message(connector, error, fallback=False))
+        return RuntimeError(failure_message(run, error, fallback=False))
     kind = type(cause)
     said = str(cause).strip().split("\n\n")[0].replace("\n", " ")  # without what Dynamo appended
     message = (
-        f"`use_compile` could not compile the {describe_run(connector)}: a call in the step raised `{kind.__name__}:"
+        f"`use_compile` could not compile the {describe_run(run)}: a call in the step raised `{kind.__name__}:"
         f" {said}` while Dynamo traced it, and Dynamo turned it into its own `{type(error).__name__}`, which an"
         f" `except {kind.__name__}` in the step does not catch (it is raised here as a `{kind.__name__}`). Every module"
         " is left uncompiled. To run the step as written, pass `'fallback': 'eager'` in `use_compile` (it continues"
@@ -178,11 +179,11 @@ def named_error(connector: _CompileConnector, error: BaseException) -> Exception
     return instance
 
 
-def failure_message(connector: _CompileConnector, error: BaseException, fallback: bool) -> str:
+def failure_message(run: _CompileRun, error: BaseException, fallback: bool) -> str:
     """What failed, where, and (unless falling back) what to do about it."""
     first_paragraph = str(error).strip().split("\n\n")[0].replace("\n", " ")
     reason = f"{type(error).__name__}: {first_paragraph.rstrip('. ')}"
-    message = f"`use_compile` could not compile the {describe_run(connector)}: {reason}."
+    message = f"`use_compile` could not compile the {describe_run(run)}: {reason}."
     if fallback:
         return message
     return (

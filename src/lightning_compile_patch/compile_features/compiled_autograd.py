@@ -21,6 +21,7 @@ the run ends           remove the reducer's gradient hooks, restore     or a lat
 
 """
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -30,13 +31,9 @@ from torch.nn.parallel import DistributedDataParallel
 import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning_compile_patch.compile_connector import (
-    _CompileConnector,
-    _CompileFeature,
-    _CompileOptions,
-    _torch_compile_keys,
-)
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 _KEY = "compiled_autograd"
 
@@ -68,11 +65,12 @@ class _CompiledAutograd(_CompileFeature):
                 f" step's `torch.compile` arguments) or a dict of `torch.compile` arguments, such as"
                 f" `{{'{_KEY}': {{'backend': 'aot_eager'}}}}`."
             )
-        unknown = [key for key in (self.value if self.value is not True else {}) if key not in _torch_compile_keys()]
+        known = [name for name in inspect.signature(torch.compile).parameters if name != "model"]
+        unknown = [key for key in (self.value if self.value is not True else {}) if key not in known]
         if unknown:
             raise ValueError(
                 f"`Trainer(use_compile={{'{_KEY}': {{{unknown[0]!r}: ...}}}})` is not a `torch.compile` argument."
-                f" Valid keys: {_torch_compile_keys()}."
+                f" Valid keys: {known}."
             )
         if surface.compiled_autograd_switch() is None:
             raise RuntimeError(
@@ -80,10 +78,10 @@ class _CompiledAutograd(_CompileFeature):
                 f" {torch.__version__} is installed. Upgrade torch, or remove '{_KEY}'."
             )
 
-    def verify(self, connector: _CompileConnector) -> None:
+    def verify(self, trainer: "pl.Trainer") -> None:
         if not self.enabled:
             return
-        strategy = connector.trainer.strategy
+        strategy = trainer.strategy
         if not isinstance(strategy, (DDPStrategy, SingleDeviceStrategy)):
             raise ValueError(
                 f"`Trainer(use_compile={{'{_KEY}': ...}})` supports one device and DDP, not"
@@ -109,19 +107,19 @@ class _CompiledAutograd(_CompileFeature):
                 f" communication hook per parameter, not per bucket. Remove `ddp_comm_hook`, or remove '{_KEY}'."
             )
 
-    def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
+    def on_run_start(self, run: _CompileRun, model: "pl.LightningModule") -> None:
         if not self.enabled:
             return
         captures = surface.backward_graphs_compiled()
-        connector.note(lambda: _captured(surface.backward_graphs_compiled() - captures))
-        trainer = connector.trainer
+        run.note(lambda: _captured(surface.backward_graphs_compiled() - captures))
+        trainer = run.trainer
         if isinstance(trainer.strategy, DDPStrategy) and trainer.state.fn == TrainerFn.FITTING:  # DDP wraps to fit only
-            _use_python_reducer(connector)
+            _use_python_reducer(run)
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         if not self.enabled:
             return {}
-        wrapper = connector.trainer.strategy.model
+        wrapper = run.trainer.strategy.model
         if isinstance(wrapper, DistributedDataParallel):
             if not surface.ddp_uses_python_reducer(wrapper):
                 raise RuntimeError(
@@ -129,15 +127,15 @@ class _CompiledAutograd(_CompileFeature):
                     " reducer, which compiled autograd cannot trace: `torch._dynamo.config.optimize_ddp` was changed"
                     " after `fit` started (in a `setup` or `configure_model` hook?). Leave it to `use_compile`."
                 )
-            connector.defer(surface.remove_reducer_hooks, wrapper, scope="run")
-        backward_kwargs = connector.run_kwargs if self.value is True else self.value
+            run.defer(surface.remove_reducer_hooks, wrapper, scope="run")
+        backward_kwargs = run.run_kwargs if self.value is True else self.value
         switch = surface.compiled_autograd_switch()
         assert switch is not None
-        connector.enter(switch(torch.compile(**(backward_kwargs or {}))), scope="run")
+        run.enter(switch(torch.compile(**(backward_kwargs or {}))), scope="run")
         return {}
 
-    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
-        wrapper = connector.trainer.strategy.model
+    def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
+        wrapper = run.trainer.strategy.model
         if not (self.enabled and isinstance(wrapper, DistributedDataParallel)):
             return compiled
         ddp: DistributedDataParallel = wrapper
@@ -160,13 +158,13 @@ def _captured(captures: int) -> str:
     return f"compiled autograd: {captures} backward graph{'s' if captures != 1 else ''} compiled"
 
 
-def _use_python_reducer(connector: _CompileConnector) -> None:
-    """Sets the python reducer for the DDP built next; the connector restores what this and DDP set for the process."""
-    connector.replace(surface.dynamo_config, "optimize_ddp", "python_reducer", scope="run")
+def _use_python_reducer(run: _CompileRun) -> None:
+    """Sets the python reducer for the DDP built next; the run restores what this and DDP set for the process."""
+    run.replace(surface.dynamo_config, "optimize_ddp", "python_reducer", scope="run")
     for name in surface.INDUCTOR_DDP_SETTINGS:  # DDP sets them when it is built: they are put back when the run ends
-        connector.replace(surface.inductor_config, name, getattr(surface.inductor_config, name), scope="run")
+        run.replace(surface.inductor_config, name, getattr(surface.inductor_config, name), scope="run")
     if not surface.ddp_file_traced():  # DDP adds its file to Dynamo's inline list when it is built
-        connector.defer(surface.stop_tracing_ddp_file, scope="run")
+        run.defer(surface.stop_tracing_ddp_file, scope="run")
 
 
 FEATURE = _CompiledAutograd

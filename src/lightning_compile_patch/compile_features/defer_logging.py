@@ -20,8 +20,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 _LOG_METHODS = ("log", "log_dict")
 
@@ -29,16 +30,16 @@ _LOG_METHODS = ("log", "log_dict")
 class _LogBoundary:
     """Defers the logging calls of one module while its steps are being traced, and replays them afterwards."""
 
-    def __init__(self, connector: _CompileConnector, module: nn.Module) -> None:
+    def __init__(self, run: _CompileRun, module: nn.Module) -> None:
         self._pending: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self._eager = {name: getattr(module, name) for name in _LOG_METHODS}
         for name in _LOG_METHODS:
-            connector.replace(module, name, self._deferring(name))
-        connector.defer(self._pending.clear)
+            run.replace(module, name, self._deferring(name))
+        run.defer(self._pending.clear)
         # one code object for every replacement: skipped as a frame of its own, still traced inline
         code = self._deferring("log").__code__
         surface.skip_code(code)
-        connector.defer(surface.reset_code, code)
+        run.defer(surface.reset_code, code)
 
     def _deferring(self, name: str) -> Callable[..., None]:
         """The replacement for one logging method."""
@@ -77,7 +78,7 @@ class _LogBoundary:
         """
 
         @functools.wraps(original, updated=())
-        def run(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 out = compiled(*args, **kwargs)
             except BaseException:
@@ -86,7 +87,7 @@ class _LogBoundary:
             self.flush()
             return out
 
-        return run
+        return call
 
 
 class _LogDeferral(_CompileFeature):
@@ -105,15 +106,15 @@ class _LogDeferral(_CompileFeature):
             _flag(options, "defer_logging")
         self._boundary: Optional[_LogBoundary] = None
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        self._boundary = _LogBoundary(connector, connector.trainer.lightning_module)
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
+        self._boundary = _LogBoundary(run, run.trainer.lightning_module)
         return {}
 
-    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
+    def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
         assert self._boundary is not None
         return self._boundary.around(compiled, original=original)
 
-    def teardown(self, connector: _CompileConnector) -> None:
+    def teardown(self, run: _CompileRun) -> None:
         self._boundary = None
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from lightning_utilities.core.imports import compare_version
 
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The sources of every value under one of the Trainer's loops, as Dynamo names them (``L['self']._trainer.fit_loop
 #: .epoch_progress.current.completed``), whichever module or wrapper the compiled frame starts from.
@@ -35,13 +36,13 @@ class _LoopCounters(_CompileFeature):
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "dynamic_loop_counters")
 
-    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
-        if not _SUPPORTED or (connector.given or {}).get("dynamic") is False:
+    def on_run_start(self, run: _CompileRun, model: Any) -> None:
+        if not _SUPPORTED or (run.given or {}).get("dynamic") is False:
             return  # `dynamic=False` asks for static code: the counters stay specialized, as torch does
         config = torch.compiler.config
         given = config.dynamic_sources
         value = f"{given},{LOOP_SOURCES}" if given else LOOP_SOURCES  # the user's own sources stay
-        connector.replace(config, "dynamic_sources", value, scope="run")
+        run.replace(config, "dynamic_sources", value, scope="run")
 
 
 FEATURE = _LoopCounters

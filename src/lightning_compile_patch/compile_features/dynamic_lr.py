@@ -27,8 +27,9 @@ import torch
 import lightning.pytorch as pl
 from lightning.pytorch.core.module import LightningModule
 from lightning.pytorch.core.optimizer import LightningOptimizer
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The module's methods that take an optimizer from the step, and compare it with the Trainer's.
 _TAKES_OPTIMIZER = ("toggle_optimizer", "untoggle_optimizer", "clip_gradients")
@@ -91,11 +92,11 @@ class _ParamGroups(_CompileFeature):
         self._current: dict[bool, Any] = {}
         self._trainer: Optional[pl.Trainer] = None
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        module = connector.trainer.lightning_module
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
+        module = run.trainer.lightning_module
         if "optimizers" in vars(module) or type(module).optimizers is not LightningModule.optimizers:
             return {}  # the module's own `optimizers`: it returns what it chooses, and the step gets just that
-        self._trainer = connector.trainer
+        self._trainer = run.trainer
         eager, current = module.optimizers, self._current
 
         @functools.wraps(eager)
@@ -104,19 +105,19 @@ class _ParamGroups(_CompileFeature):
                 return current[bool(use_pl_optimizer)]
             return eager(use_pl_optimizer)
 
-        connector.replace(module, "optimizers", optimizers)
+        run.replace(module, "optimizers", optimizers)
         for name in _TAKES_OPTIMIZER:
-            connector.replace(module, name, _unwrapped(getattr(module, name)))
+            run.replace(module, name, _unwrapped(getattr(module, name)))
         return {}
 
-    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
+    def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
         @functools.wraps(original, updated=())
-        def run(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             if self._trainer is not None:
                 self._refresh(self._trainer)
             return compiled(*args, **kwargs)
 
-        return run
+        return call
 
     def _refresh(self, trainer: pl.Trainer) -> None:
         # what `LightningModule.optimizers` returns, read where it reads it (no hook of the module is called)
@@ -135,7 +136,7 @@ class _ParamGroups(_CompileFeature):
         vars(view)["param_groups"] = optimizer.param_groups  # `load_state_dict` puts in a new list
         return view
 
-    def teardown(self, connector: _CompileConnector) -> None:
+    def teardown(self, run: _CompileRun) -> None:
         self._views, self._lists, self._trainer = {}, {}, None
         self._current.clear()
 

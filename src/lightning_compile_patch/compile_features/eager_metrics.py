@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 
 class _Metrics(_CompileFeature):
@@ -26,19 +27,19 @@ class _Metrics(_CompileFeature):
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "eager_metrics")
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         if "torchmetrics" not in sys.modules:  # no metric can exist, and importing it would be slow
             return {}
         from torchmetrics import Metric
 
-        metrics = [m for m in connector.trainer.lightning_module.modules() if isinstance(m, Metric)]
+        metrics = [m for m in run.trainer.lightning_module.modules() if isinstance(m, Metric)]
         for cls in dict.fromkeys(type(metric) for metric in metrics):
             # on the class: a `forward` of the instance would be pickled with it, and copied to a deep copy, bound to
             # the original (torchmetrics drops its instance's `update` and `compute` from what it pickles, not this)
-            connector.replace(cls, "forward", torch.compiler.disable(cls.forward))
+            run.replace(cls, "forward", torch.compiler.disable(cls.forward))
         for metric in metrics:
             for name in ("update", "compute"):  # torchmetrics wraps these on each instance, so they are replaced there
-                connector.replace(metric, name, torch.compiler.disable(getattr(metric, name)))
+                run.replace(metric, name, torch.compiler.disable(getattr(metric, name)))
         return {}
 
 

@@ -24,8 +24,9 @@ from typing import Any, Callable
 import torch
 
 from lightning.pytorch.core.optimizer import LightningOptimizer
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 _MODULE_METHODS = ("toggle_optimizer", "untoggle_optimizer")
 
@@ -67,8 +68,8 @@ class _OptimizerSteps(_CompileFeature):
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "eager_optimizer_steps")
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        trainer = connector.trainer
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
+        trainer = run.trainer
         module = trainer.lightning_module
         if module.automatic_optimization:
             return {}  # Lightning steps the optimizer outside the compiled step
@@ -77,14 +78,14 @@ class _OptimizerSteps(_CompileFeature):
             if own is LightningOptimizer or not issubclass(own, LightningOptimizer):
                 continue  # a class that others share: leave it as it is
             for name in ("step", "zero_grad"):  # neither is the class's own: set for the run, then deleted
-                connector.replace(own, name, _eager(own, name))
+                run.replace(own, name, _eager(own, name))
         for config in trainer.lr_scheduler_configs:
             scheduler = config.scheduler
             if callable(getattr(scheduler, "step", None)):
-                connector.replace(scheduler, "__class__", _with_eager_step(type(scheduler)))
+                run.replace(scheduler, "__class__", _with_eager_step(type(scheduler)))
         for name in _MODULE_METHODS:
             method: Callable[..., Any] = getattr(module, name)
-            connector.replace(module, name, torch.compiler.disable(method))
+            run.replace(module, name, torch.compiler.disable(method))
         return {}
 
 

@@ -20,8 +20,9 @@ from typing import Any, Callable, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 from lightning_compile_patch.compile_features.compile_errors import failure_message, is_compile_error
 
 _CHOICES = (None, "eager")
@@ -46,24 +47,25 @@ class _Fallback(_CompileFeature):
                 " uncompiled."
             )
 
-    def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
+    def on_run_start(self, run: _CompileRun, model: "pl.LightningModule") -> None:
         self.skipped: set[types.CodeType] = set()  # the frames whose compile failed in this run
 
-    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
+    def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
         if self.fallback != "eager":
             return compiled
 
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if connector.fell_back:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if run.fell_back:
                 return original(*args, **kwargs)
-            # a wrapper's call (DDP, FSDP) runs the step through the forward redirection, which has put its
-            # `wrapped_forward` on the module: the part that ran before the error may have taken it off already
-            module = connector.trainer.lightning_module if module_call else None
-            redirected = module.__dict__.get("forward") if module is not None else None
+            # DDP's own call (compiled under its python reducer) runs the step through Lightning's forward redirection,
+            # which has put its `wrapped_forward` on the module: the part that ran before the error may have taken it
+            # off already
+            module = run.trainer.lightning_module
+            wrapper_call = original == surface.module_call(run.trainer.strategy.model)
+            redirected = module.__dict__.get("forward") if wrapper_call else None
 
             def redirect() -> None:
-                if module is not None and redirected is not None:
-                    # the call again runs the step, not the module's own forward
+                if redirected is not None:  # the call again runs the step, not the module's own forward
                     module.forward = redirected  # type: ignore[method-assign]
 
             started_us = time.time_ns() // 1000
@@ -82,7 +84,7 @@ class _Fallback(_CompileFeature):
                 self.skipped.add(code)
                 skipped.append(code)
                 surface.skip_code(code)
-                connector.defer(surface.reset_code, code, scope="run")
+                run.defer(surface.reset_code, code, scope="run")
                 redirect()
                 started_us = time.time_ns() // 1000
                 try:
@@ -94,17 +96,17 @@ class _Fallback(_CompileFeature):
                     continue
                 names = ", ".join(_frame_name(code) for code in skipped)
                 rank_zero_warn(
-                    f"{failure_message(connector, first, fallback=True)} It continues with {names} uncompiled, and"
+                    f"{failure_message(run, first, fallback=True)} It continues with {names} uncompiled, and"
                     " the rest compiled (`fallback='eager'`)."
                 )
                 return out
-            message = failure_message(connector, failed, fallback=True)
+            message = failure_message(run, failed, fallback=True)
             rank_zero_warn(f"{message} It continues uncompiled (`fallback='eager'`).")
-            connector.fall_back()
+            run.fall_back()
             redirect()
             return original(*args, **kwargs)
 
-        return run
+        return call
 
 
 def _frame_name(code: types.CodeType) -> str:

@@ -41,13 +41,14 @@ import torch
 from torch import nn
 
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
-from lightning_compile_patch.compile_connector import _STEPS, _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import STEPS, _CompileFeature, _CompileOptions, _flag
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 
 def compile_parts(module: nn.Module, kwargs: Mapping[str, Any], replace: Callable = setattr) -> list[nn.Module]:
     """Compiles, in place, every submodule of ``module`` that holds parameters, at every depth, and returns them;
-    ``replace`` (``setattr`` by default; the connector's records it, for the undo) sets each one's ``forward``.
+    ``replace`` (``setattr`` by default; the run's records it, for the undo) sets each one's ``forward``.
 
     For example::
 
@@ -189,21 +190,21 @@ class _InParts(_CompileFeature):
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "in_parts")
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        strategy = connector.trainer.strategy
-        kwargs = connector.run_kwargs or {}
-        module = connector.trainer.lightning_module
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
+        strategy = run.trainer.strategy
+        kwargs = run.run_kwargs or {}
+        module = run.trainer.lightning_module
         if (
             not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy))
             or isinstance(strategy, DeepSpeedStrategy)
             or kwargs.get("fullgraph")  # the step compiles whole, or the run stops
-            or any(surface.compiler_disabled(getattr(module, name, None)) is not None for name in _STEPS)
+            or any(surface.compiler_disabled(getattr(module, name, None)) is not None for name in STEPS)
         ):
             return {}
         since_us = time.time_ns() // 1000
-        parts = compile_parts(module, kwargs, replace=connector.replace)
+        parts = compile_parts(module, kwargs, replace=run.replace)
         names = {sub: name for name, sub in module.named_modules()}
-        connector.note(lambda: _note(parts, names, since_us))
+        run.note(lambda: _note(parts, names, since_us))
         return {}
 
 

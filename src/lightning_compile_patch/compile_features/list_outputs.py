@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: What a step may call on its list, as the view forwards it.
 _FORWARDED = (
@@ -144,13 +145,13 @@ class _StepOutputs(_CompileFeature):
         self._module: Optional[Any] = None
         self._views: dict[str, _ListView] = {}  # one view per name for the run: Dynamo guards on its identity
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        self._module, self._views = connector.trainer.lightning_module, {}
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
+        self._module, self._views = run.trainer.lightning_module, {}
         return {}
 
-    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
+    def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
         @functools.wraps(original, updated=())
-        def run(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             attributes = vars(self._module)
             swapped = {}
             for name, view in self._views.items():
@@ -172,9 +173,9 @@ class _StepOutputs(_CompileFeature):
                     if type(value) is list and len(value) != length and _collected_by_steps(type(self._module), name):
                         self._views[name] = _ListView()  # collected by the step: behind a view from the next call on
 
-        return run
+        return call
 
-    def teardown(self, connector: _CompileConnector) -> None:
+    def teardown(self, run: _CompileRun) -> None:
         self._module, self._views = None, {}
 
 

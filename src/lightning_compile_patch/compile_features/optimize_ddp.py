@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 _CHOICES = ("auto", True, False, "ddp_optimizer", "python_reducer", "no_optimization")
 
@@ -35,17 +36,17 @@ class _OptimizeDDP(_CompileFeature):
                 f" {', '.join(map(repr, _CHOICES))}."
             )
 
-    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
-        strategy = connector.trainer.strategy
+    def on_run_start(self, run: _CompileRun, model: Any) -> None:
+        strategy = run.trainer.strategy
         if not isinstance(strategy, DDPStrategy):
             return
         # A process-wide Dynamo setting, read when DDP's call is compiled, and for "python_reducer" when DDP is built:
         # so it is set here, before the strategy wraps the model, and restored when the run ends, on every path.
         value = _resolve(self.choice, strategy.world_size, surface.dynamo_config.optimize_ddp)
-        connector.replace(surface.dynamo_config, "optimize_ddp", value, scope="run")
+        run.replace(surface.dynamo_config, "optimize_ddp", value, scope="run")
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
-        wrapper = connector.trainer.strategy.model
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
+        wrapper = run.trainer.strategy.model
         python_reducer = surface.ddp_uses_python_reducer(wrapper)
         if surface.dynamo_config.optimize_ddp == "python_reducer" and not python_reducer:
             raise RuntimeError(

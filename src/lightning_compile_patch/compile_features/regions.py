@@ -29,8 +29,9 @@ from torch import nn
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 _Spec = Union[str, tuple[Union[type, str], ...]]
 
@@ -127,7 +128,7 @@ def _compile_regions(
     regions: dict[str, nn.Module], compile_kwargs: Mapping[str, Any], shared: bool, replace: Callable = setattr
 ) -> None:
     """Compiles each region in place, as a call that the compiled step around it does not trace into: ``replace``
-    (``setattr`` by default; the connector's records it, for the undo) sets it.
+    (``setattr`` by default; the run's records it, for the undo) sets it.
 
     ``shared``: identical blocks, which share one compiled graph.
 
@@ -185,14 +186,14 @@ class _Regions(_CompileFeature):
     def __init__(self, options: _CompileOptions) -> None:
         self.regions = _parse_regions(options.keys.get("regions"))
 
-    def on_run_start(self, connector: _CompileConnector, model: "pl.LightningModule") -> None:
+    def on_run_start(self, run: _CompileRun, model: "pl.LightningModule") -> None:
         if self.regions is not None and not is_overridden("configure_model", model):
             _find_regions(model, self.regions)  # fail now, before the data is prepared
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         if self.regions is None:
             return {}
-        module = connector.trainer.lightning_module
+        module = run.trainer.lightning_module
         blocks = _find_regions(module, self.regions)
         # the plain attributes whose values differ from block to block, such as HF's `layer_idx`: Dynamo specializes
         # compiled code on numbers, strings, `None`, tuples and enums, so such blocks cannot share a graph (each would
@@ -205,16 +206,16 @@ class _Regions(_CompileFeature):
                     if key != "training" and isinstance(value, (bool, int, float, str, type(None), tuple, enum.Enum)):
                         values.setdefault(f"{prefix}.{key}" if prefix else key, set()).add(repr(value))
         constants = sorted(name for name, seen in values.items() if len(seen) > 1)
-        kwargs = connector.run_kwargs or {}
-        _compile_regions(blocks, kwargs, shared=not constants, replace=connector.replace)
-        _compile_regions(_rest_of_model(module, blocks), kwargs, shared=False, replace=connector.replace)
+        kwargs = run.run_kwargs or {}
+        _compile_regions(blocks, kwargs, shared=not constants, replace=run.replace)
+        _compile_regions(_rest_of_model(module, blocks), kwargs, shared=False, replace=run.replace)
         how = "compiled one by one" if constants else "sharing one compiled graph"
         note = f"regions: {len(blocks)} blocks {how}"  # for the run's summary
-        connector.note(lambda: note)
+        run.note(lambda: note)
         why = f", since they differ in {', '.join(f'`{c}`' for c in constants[:3])}" if constants else ""
         names = "`, `".join(dict.fromkeys(type(block).__name__ for block in blocks.values()))
         rank_zero_info(f"`use_compile`: regions: {len(blocks)} blocks of `{names}`, {how}{why}.")
-        if (connector.given or {}).get("fullgraph") is True:
+        if (run.given or {}).get("fullgraph") is True:
             rank_zero_info(
                 "`use_compile`: regions: `fullgraph=True` applies to each region; the step is compiled with"
                 " `fullgraph=False`, since it calls each region as an opaque function."

@@ -21,7 +21,8 @@ import torch
 from packaging.version import Version
 
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn, TrainerState
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 _KEYED = ("fn", "stage")
 #: The torch it was checked on (2.13): on 2.6, a step that read the state made Dynamo recurse until Python's limit.
@@ -81,13 +82,13 @@ class _TrainerStateKeys(_CompileFeature):
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "stage_guards")
 
-    def on_run_start(self, connector: _CompileConnector, model: Any) -> None:
+    def on_run_start(self, run: _CompileRun, model: Any) -> None:
         if not _CHECKED:
             return  # torch 2.6's Dynamo recursed without end on the swapped class; checked on 2.13
-        state = connector.trainer.state
+        state = run.trainer.state
         if type(state) is not TrainerState:  # a state of another class (the user's, or keyed already): left alone
             return
-        connector.replace(state, "__class__", _keyed_class(state.fn, state.stage), scope="run")
+        run.replace(state, "__class__", _keyed_class(state.fn, state.stage), scope="run")
 
 
 FEATURE = _TrainerStateKeys

@@ -21,6 +21,7 @@ import logging
 import operator
 import re
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,8 +34,9 @@ from lightning_utilities.core.imports import compare_version
 
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
-from lightning_compile_patch.compile_connector import _CompileConnector, _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
 from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: Whether a frame's compilation metrics tell a frame Dynamo compiled with no graph from one it skipped (read on 2.13;
 #: torch 2.6 records a frame skipped for a graph break in a loop as no failure, with no graph, alike).
@@ -115,7 +117,7 @@ class _Step:
     called_graphs: bool = False
 
 
-#: The steps in progress, innermost last (a compiled run is one at a time in a process: see the connector).
+#: The steps in progress, innermost last (a compiled run is one at a time in a process: see the connector's `_RUNNING`).
 _STEPS: list[_Step] = []
 
 
@@ -131,7 +133,7 @@ class _CountingBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
         compiled = self.inner(gm, example_inputs, **kwargs)
 
-        def run(*args: Any) -> Any:
+        def call(*args: Any) -> Any:
             # whose graph this is can only be told when it runs: a graph compiled while a step ran compiled may run
             # later from a step that runs eagerly (a helper behind a graph break, once the step hit the limit). It
             # counts once it has run: a graph that raised ran nothing.
@@ -144,7 +146,7 @@ class _CountingBackend:
                     step.called_graphs = True
             return out
 
-        return surface.run_like(run, compiled)
+        return surface.run_like(call, compiled)
 
     def __getattr__(self, name: str) -> Any:  # `get_compiler_config`, `reset`, ... of the backend itself
         if "inner" not in self.__dict__:
@@ -374,29 +376,29 @@ class _CompileReport:
         #: last 64 metrics, and a frame it skipped in ``fit`` stays skipped in the same Trainer's ``validate``.
         self._skipped = skipped
 
-    def start(self, connector: _CompileConnector) -> None:
+    def start(self, run: _CompileRun) -> None:
         """Snapshots the counters, starts watching for recompile-limit hits, and counts every step of the run."""
         self._start_us = _wall_ns() // 1000
         self._graphs_before = surface.graphs_compiled()
         self._breaks_before = surface.graph_breaks()
         # Dynamo reports a recompile-limit hit only through this logger, so a filter on it is the one way to tell the
-        # user when it happens; the connector removes it when the run ends, on every path
+        # user when it happens; the run removes it when it ends, on every path
         logger = logging.getLogger(surface.RECOMPILE_LIMIT_LOGGER)
         logger.addFilter(self._watch)
-        connector.defer(logger.removeFilter, self._watch, scope="run")
-        strategy = connector.trainer.strategy
+        run.defer(logger.removeFilter, self._watch, scope="run")
+        strategy = run.trainer.strategy
         # the strategy's step methods, for the whole run: a step still counts (as eager) once a fallback has
         # uncompiled the model, and with it the wrappers of `timed`
         for name, kind in _STEP_KINDS.items():
-            connector.replace(strategy, name, self.counted(getattr(strategy, name), name, kind, connector), scope="run")
+            run.replace(strategy, name, self.counted(getattr(strategy, name), name, kind, run), scope="run")
         redirection = surface.forward_redirection(strategy)
         if redirection is not None:  # Lightning's own `wrapped_forward` runs between a wrapper and the step
             _PASS_THROUGH_CODES.update(_nested_codes(type(redirection).__call__))
 
-    def counted(self, run_step: Callable, name: str, kind: str, connector: _CompileConnector) -> Callable:
+    def counted(self, run_step: Callable, name: str, kind: str, run: _CompileRun) -> Callable:
         """Wraps one of the strategy's step methods to count each step it runs as compiled or eager."""
 
-        def run(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             step = _Step(kind, started_us=_wall_ns() // 1000)
             _STEPS.append(step)
             try:
@@ -405,20 +407,20 @@ class _CompileReport:
                 _STEPS.remove(step)
             # a step that fell back ran eagerly, whatever graphs of its own ran before the part that failed
             compiled = step.compiled and not self.fell_back()
-            module = connector.trainer.lightning_module
+            module = run.trainer.lightning_module
             self._count_step(step, compiled, getattr(module, name, None))
             return out
 
-        return run
+        return call
 
-    def timed(self, compiled: Callable[..., Any], module_call: bool) -> Callable[..., Any]:
+    def timed(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
         """Wraps a compiled callable to announce the first compiled step of each kind, and how long it took.
 
         Its code marks where a step's own compiled code starts (see `_runs_in_step_code`).
 
         """
 
-        def run(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             training = torch.is_grad_enabled()
             if training not in self._first_step:
                 self._announce_start(training)
@@ -433,8 +435,8 @@ class _CompileReport:
                 self._announce_done(training)
             return out
 
-        _STEP_WRAPPERS.add(run.__code__)
-        return run
+        _STEP_WRAPPERS.add(call.__code__)
+        return call
 
     def _count_step(self, step: _Step, compiled: bool, step_function: Any) -> None:
         kind, summary = step.kind, self.summary
@@ -576,31 +578,40 @@ class _RunSummary(_CompileFeature):
         self._report: Optional[_CompileReport] = None
         self._skipped: dict[_Key, tuple[str, str]] = {}
 
-    def compile_kwargs(self, connector: _CompileConnector, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    def compile_kwargs(self, run: _CompileRun, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
         # every compile of the run (regions, compiled autograd) runs the counting backend
-        trainer = connector.trainer
+        trainer = run.trainer
         assert trainer.state.fn is not None
         backend = kwargs.get("backend") or "inductor"
         backend = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
         counted, _ = _counting(kwargs)
         self._report = _CompileReport(trainer.state.fn.value, type(trainer.strategy).__name__, backend, self._skipped)
-        self._report.fell_back = lambda: connector.fell_back
-        self._report.notes = lambda: [text for note in connector.notes if (text := note())]
+        self._report.fell_back = lambda: run.fell_back
+        self._report.notes = lambda: [text for note in run.notes if (text := note())]
         return counted
 
-    def setup(self, connector: _CompileConnector) -> Mapping[str, Any]:
+    def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         assert self._report is not None
-        self._report.start(connector)
+        self._report.start(run)
         return {}
 
-    def wrap(self, connector: _CompileConnector, compiled: Callable, original: Callable, module_call: bool) -> Callable:
+    def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
         assert self._report is not None
-        return self._report.timed(compiled, module_call)
+        return self._report.timed(compiled)
 
-    def teardown(self, connector: _CompileConnector) -> None:
+    def teardown(self, run: _CompileRun) -> None:
         report, self._report = self._report, None
         if report is not None:
-            connector.last_summary = report.finish(connector.trainer.state.status != TrainerStatus.INTERRUPTED)
+            _LAST_SUMMARY[run.trainer] = report.finish(run.trainer.state.status != TrainerStatus.INTERRUPTED)
+
+
+#: What the compiler did in each Trainer's last run that compiled, for :func:`last_summary` (it goes with the Trainer).
+_LAST_SUMMARY: "weakref.WeakKeyDictionary[Any, _CompileSummary]" = weakref.WeakKeyDictionary()
+
+
+def last_summary(trainer: Any) -> Optional[_CompileSummary]:
+    """What the compiler did in ``trainer``'s last run that compiled anything; ``None`` before such a run."""
+    return _LAST_SUMMARY.get(trainer)
 
 
 FEATURE = _RunSummary

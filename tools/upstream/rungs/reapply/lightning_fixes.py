@@ -18,4 +18,3 @@ def _verify_strategy_can_compile(strategy: Strategy) -> None:
             f" Only {supported_strategy_names} support compilation. Either switch to one of the supported"
             " strategies or avoid passing in compiled model."
         )
-

@@ -22,7 +22,9 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.trainer.connectors import compile_connector
-from lightning.pytorch.trainer.connectors.compile_connector import _CompileConnector, _CompileFeature
+from lightning.pytorch.trainer.connectors.compile_connector import _CompileConnector
+from lightning.pytorch.trainer.connectors.compile_features import _CompileFeature
+from lightning.pytorch.trainer.connectors.compile_features._run import _CompileRun
 from tests_pytorch.helpers.runif import RunIf
 
 # `Trainer(use_compile=...)` needs torch 2.6
@@ -47,15 +49,15 @@ class _Probe(_CompileFeature):
     keys = {"probe": "a feature for the tests"}
     seen: list = []
 
-    def on_run_start(self, connector, model):
-        connector.replace(_TARGET, "value", "during the run", scope="run")
-        connector.setenv("LIGHTNING_COMPILE_PROBE", "1")
-        type(self).seen.append(("on_run_start", dict(connector.run_kwargs or {})))
+    def on_run_start(self, run, model):
+        run.replace(_TARGET, "value", "during the run", scope="run")
+        run.setenv("LIGHTNING_COMPILE_PROBE", "1")
+        type(self).seen.append(("on_run_start", dict(run.run_kwargs)))
 
-    def compile_kwargs(self, connector, kwargs):
+    def compile_kwargs(self, run, kwargs):
         return {**kwargs, "dynamic": False}
 
-    def teardown(self, connector):
+    def teardown(self, run):
         type(self).seen.append(("teardown", _TARGET.value))
 
 
@@ -161,11 +163,12 @@ def test_replace_puts_back_an_instances_class_and_deletes_what_it_added_to_a_cla
 
     obj = Own()
     connector = Trainer(default_root_dir=tmp_path, use_compile=True, **_TRAINER_KWARGS)._compile_connector
-    connector.replace(Own, "step", lambda self: "for the run")  # inherited: added to `Own` for the run
-    connector.replace(obj, "__class__", Swapped)  # held by `object`'s descriptor: its value comes back
-    connector.replace(obj, "extra", 1, scope="run")  # absent before
+    run = _CompileRun(connector.trainer, True, connector.options, {}, [])
+    run.replace(Own, "step", lambda self: "for the run")  # inherited: added to `Own` for the run
+    run.replace(obj, "__class__", Swapped)  # held by `object`'s descriptor: its value comes back
+    run.replace(obj, "extra", 1, scope="run")  # absent before
     assert (obj.step(), type(obj), obj.extra) == ("for the run", Swapped, 1)
-    connector.teardown()
+    run.end()
     assert (obj.step(), type(obj)) == ("base", Own)
     assert "step" not in vars(Own)
     assert not hasattr(obj, "extra")
@@ -178,8 +181,7 @@ def test_a_model_pickled_or_copied_during_the_run_is_the_model_as_it_was_before(
 
     class CopyTheModel(Callback):
         def on_train_batch_end(self, trainer, pl_module, *args):
-            connector = trainer._compile_connector
-            connector.replace(pl_module, "feature_attribute", lambda: None)
+            trainer._compile_connector.run.replace(pl_module, "feature_attribute", lambda: None)
             copies.extend([pickle.loads(pickle.dumps(pl_module)), copy.deepcopy(pl_module)])
 
     model = BoringModel()
@@ -201,7 +203,7 @@ def test_a_step_called_from_a_traced_step_is_traced_as_written(monkeypatch, tmp_
     class _CountsCalls(_CompileFeature):
         keys = {"counts_calls": "a feature for the tests"}
 
-        def wrap(self, connector, compiled, original, module_call):
+        def wrap(self, run, compiled, original):
             def counted(*args, **kwargs):
                 calls.append(original.__name__)
                 return compiled(*args, **kwargs)
@@ -226,10 +228,10 @@ def test_a_feature_derives_the_run_arguments_as_a_new_value(probe, tmp_path):
     trainer = Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager", "probe": True}, **_TRAINER_KWARGS)
     connector = trainer._compile_connector
     connector.on_run_start(BoringModel())
-    assert dict(connector.run_kwargs) == {"backend": "eager", "dynamic": False}
+    assert dict(connector.run.run_kwargs) == {"backend": "eager", "dynamic": False}
     assert dict(connector.options.torch_kwargs) == {"backend": "eager"}  # what was given stays as it was
     with pytest.raises(TypeError, match="are a value"):
-        connector.run_kwargs["dynamic"] = True
+        connector.run.run_kwargs["dynamic"] = True
     connector.teardown()
 
 
@@ -251,8 +253,8 @@ def test_one_compiled_run_at_a_time_per_process(probe, tmp_path):
     Trainer(default_root_dir=tmp_path, use_compile={"backend": "eager"}, **_TRAINER_KWARGS).fit(BoringModel())
 
 
-# The wrapper's compile: under `use_compile` the fork compiles the DDP/FSDP wrapper's whole call, into which its
-# features plug (`module_call`); the re-apply and `use_compile` compile the steps inside the wrapper.
+# The wrapper's compile: under DDP's python reducer the fork also compiles DDP's whole call, to train, around the steps
+# it compiles on the module, as everywhere else; the re-apply and `use_compile` compile the steps inside the wrapper.
 
 _DDP_KWARGS = {**_TRAINER_KWARGS, "max_steps": -1, "max_epochs": 1, "limit_train_batches": 2, "strategy": "ddp"}
 

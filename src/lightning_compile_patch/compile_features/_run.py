@@ -1,0 +1,179 @@
+"""A compiled run, as its features see it: the Trainer, the run's compile arguments, and what the run changes.
+
+Everything a feature changes outside the run (an attribute, a torch setting, an environment variable, a context it
+enters) goes through :class:`_CompileRun`, which records it in one of two scopes and undoes it, latest first, on every
+path: ``"compile"``, what the run compiled (undone at the end of the run, or at once when the run goes on uncompiled),
+and ``"run"``, the run's settings (undone at its end).
+
+"""
+
+import contextlib
+import functools
+import os
+import types
+from collections.abc import Mapping
+from typing import Any, Callable, Literal, Optional
+
+import torch
+
+import lightning.pytorch as pl
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _Frozen
+
+_Scope = Literal["compile", "run"]
+_ABSENT = object()
+
+
+class _CompileRun:
+    """One compiled run: what each feature's hooks get."""
+
+    def __init__(
+        self,
+        trainer: "pl.Trainer",
+        use_compile: Any,
+        options: _CompileOptions,
+        given: Mapping[str, Any],
+        features: list[_CompileFeature],
+    ) -> None:
+        self.trainer = trainer
+        #: ``Trainer(use_compile=...)`` as given, for messages.
+        self.use_compile = use_compile
+        #: ``use_compile`` parsed: the ``torch.compile`` arguments and the features' keys.
+        self.options = options
+        #: The run's ``torch.compile`` arguments as given, before the features derive :attr:`run_kwargs` from them.
+        self.given = given
+        #: The arguments every compile of the run uses.
+        self.run_kwargs: Mapping[str, Any] = given
+        #: The arguments the steps are compiled with: :attr:`run_kwargs` with what the features' ``setup`` returned.
+        self.step_kwargs: Mapping[str, Any] = _Frozen()
+        #: Whether the run went on uncompiled after a compile error (:meth:`fall_back`).
+        self.fell_back = False
+        #: What features say of the run, for its summary (:meth:`note`).
+        self.notes: list[Callable[[], Optional[str]]] = []
+        self.features = features
+        self._undo: dict[_Scope, list[Callable[[], Any]]] = {"compile": [], "run": []}
+
+    def replace(self, target: Any, name: str, value: Any, scope: _Scope = "compile") -> None:
+        """Sets ``target.name`` to ``value`` until the end of ``scope``, then puts back what was there.
+
+        An attribute of the target's own ``__dict__`` (or of a module, such as ``torch._dynamo.config``), and one that a
+        data descriptor of its type holds (an instance's ``__class__``), gets its value back. One that came from a base
+        class, or was not there, is deleted again, from an instance or from a class alike.
+
+        """
+        found = next((vars(cls)[name] for cls in type(target).__mro__ if name in vars(cls)), None)
+        own = name in getattr(target, "__dict__", {}) or isinstance(target, types.ModuleType)
+        if not isinstance(target, (type, types.ModuleType)) and name != "__class__":
+            self.keep_copies_plain(target, (name,), scope=scope)
+        if own or hasattr(type(found), "__set__"):
+            before = getattr(target, name)
+            self.defer(lambda: setattr(target, name, before), scope=scope)
+        else:
+            self.defer(_delete, target, name, scope=scope)
+        setattr(target, name, value)
+
+    def keep_copies_plain(self, target: Any, names: tuple[str, ...], scope: _Scope = "compile") -> None:
+        """Until the end of ``scope``, a pickle or deep copy of ``target`` holds ``names`` as they are now, or not.
+
+        Call it before changing them: a checkpoint pickles the model's hyperparameters (a metric among them), and an EMA
+        or SWA callback deep-copies the model during the run; the copy is the object as it was before the run, with
+        nothing of the run's (a compiled step, a wrapper) that cannot be pickled, or that would act on the original.
+
+        """
+        own = vars(target)
+        plain = own.get("__getstate__")
+        if not isinstance(plain, _PlainState):
+            plain = _PlainState(target)
+            own["__getstate__"] = plain  # pickle and `copy` look it up on the instance first
+            self.defer(_delete, target, "__getstate__", scope=scope)
+        for name in names:
+            plain.before.setdefault(name, own.get(name, _ABSENT))
+
+    def setenv(self, name: str, value: str, scope: _Scope = "run") -> None:
+        """Sets the environment variable ``name`` until the end of ``scope``, then puts back what was there."""
+        before = os.environ.get(name)
+        os.environ[name] = value
+        if before is None:
+            self.defer(lambda: os.environ.pop(name, None), scope=scope)
+        else:
+            self.defer(lambda: os.environ.__setitem__(name, before), scope=scope)
+
+    def enter(self, context: contextlib.AbstractContextManager, scope: _Scope = "run") -> Any:
+        """Enters ``context`` (torch's own ``config.patch``, a switch) until the end of ``scope``."""
+        value = context.__enter__()
+        self.defer(lambda: context.__exit__(None, None, None), scope=scope)
+        return value
+
+    def defer(self, undo: Callable[..., Any], *args: Any, scope: _Scope = "compile") -> None:
+        """Calls ``undo(*args)`` when the run's changes are undone (at its teardown), latest first."""
+        # not a `functools.partial`, whose arguments a `deepcopy` of the Trainer mid-run (Lightning's tests do) copies
+        self._undo[scope].append(lambda: undo(*args))
+
+    def note(self, note: Callable[[], Optional[str]]) -> None:
+        """Adds what a feature says of the run to its summary: ``note()`` when the run ends, unless it is ``None``."""
+        self.notes.append(note)
+
+    def uncompile(self) -> None:
+        """Undoes what this run compiled, latest first; the run's settings stay until its end."""
+        self._unwind("compile")
+
+    def fall_back(self) -> None:
+        """The run goes on uncompiled after a compile error: what it compiled is undone, and its summary says so."""
+        self.fell_back = True
+        self.uncompile()
+
+    def wrap(self, compiled: Callable, original: Callable) -> Callable:
+        """The features' wrappers around ``compiled``; it shows ``original``'s signature, which Lightning reads."""
+        if not self.features:
+            return compiled
+        for feature in sorted(self.features, key=lambda feature: feature.order):
+            compiled = feature.wrap(self, compiled, original)
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():  # called from code being traced (`test_step` calls `predict_step`)
+                return original(*args, **kwargs)  # traced as written, not through the features' wrappers
+            return compiled(*args, **kwargs)
+
+        return functools.update_wrapper(step, original, updated=())
+
+    def end(self) -> None:
+        """Ends the run: the features, then what was compiled, then the run's settings; each even after one raised."""
+        with contextlib.ExitStack() as stack:  # callbacks run last-in, first-out
+            stack.callback(self._unwind, "run")
+            stack.callback(self.uncompile)
+            for feature in self.features:
+                stack.callback(feature.teardown, self)
+
+    def _unwind(self, scope: _Scope) -> None:
+        undo = self._undo[scope]
+        with contextlib.ExitStack() as stack:  # every step runs, even after one that raised
+            while undo:
+                stack.callback(undo.pop(0))
+
+
+class _PlainState:
+    """An object's ``__getstate__`` during a run: its state with the attributes the run changed as they were before.
+
+    An attribute the object's own ``__getstate__`` leaves out (torchmetrics' wrapped ``update``) stays out.
+
+    """
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self.before: dict[str, Any] = {}
+
+    def __call__(self) -> dict[str, Any]:
+        getstate = getattr(type(self.target), "__getstate__", None)  # `object` has one from Python 3.11
+        state = dict(getstate(self.target) if getstate is not None else vars(self.target))
+        state.pop("__getstate__", None)
+        for name, value in self.before.items():
+            if name in state and value is _ABSENT:
+                del state[name]
+            elif name in state:
+                state[name] = value
+        return state
+
+
+def _delete(target: Any, name: str) -> None:
+    """Deletes ``target.name`` if the target holds it itself (a feature's own undo may have deleted it already)."""
+    if name in vars(target):
+        delattr(target, name)
