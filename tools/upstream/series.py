@@ -610,33 +610,36 @@ Fork-only: the seam that the later patches plug their features into, kept out of
 Each module of `trainer/connectors/compile_features/` names a `_CompileFeature` as `FEATURE`; it
 owns keys of the `use_compile` dict, and is built only for a Trainer whose `use_compile` sets one of
 them (`_CompileConnector.defaults`, empty here, lets a distribution turn features on by default), so
-a feature left unset changes nothing. Its hooks see the run's compile arguments as a frozen value
-and return new ones. Everything a feature changes outside the run (an attribute, a torch setting, an
-environment variable) goes through the connector, which records it in one of two scopes, what is
-compiled and what belongs to the run, and undoes it on every path. One compiled run at a time per
-process: Dynamo's counters and settings are process-wide. The private torch names the features need
-(Dynamo's counters, compilation metrics, per-code resets, compiled autograd's switch, DDP's python
-reducer) are reached only in `compile_features/_private_names.py`, each with the torch versions it
-is read on, so that a torch release that moves one changes one line. With `use_compile` set,
-`ModelParallelStrategy` is accepted too (the later patches that compile under it check what they
-compile); a compiled model passed in without `use_compile` is checked as before. Where DDP runs its
-python reducer (`torch._dynamo.config.optimize_ddp = "python_reducer"`, which compiled autograd
-needs), the seam compiles DDP's call in place, as Fabric does, so that DDP's forward is traced with
-the step and its `_pre_forward` runs compiled; under DDP's C++ reducer, DDP's own code runs as
-Python whatever compiles it, so the steps are compiled there, as in the previous patches. The
-features' hooks run in the order of `compile_features.FEATURES`, which names the features of the
-later patches; a Lightning runs those whose modules it has, so each later patch adds its module
-alone. And at the end of every run that compiled, the code that runs share (torch's, Lightning's,
-the model's classes') whose entries the run grew past half of Dynamo's recompile limit is reset, so
-that a process that fits many models compiles every fit without `torch.compiler.reset()`; a function
-the user compiled keeps its entries (a compiled torch module or a compiled method of the model
-called with many shapes during the run does not: it compiles again after it). A distribution that
-turns features on for a compiled model passed in without `use_compile`
-(`_CompileConnector.input_defaults`, empty here) has it unwrapped under every launcher, compiled
-after the setup and undone after the run, since the features act on that compile; the Trainer then
-warns when the model comes back without its `torch.compile` wrapper to a later stage, which runs
-uncompiled. With `input_defaults` empty, a compiled model passed in runs as with the previous
-patches. This patch adds no feature.""",
+a feature left unset changes nothing. Its hooks get the run (`compile_features/_run.py`), never the
+connector nor another feature: the Trainer, the run's compile arguments as a frozen value (a hook
+returns new ones), and the one owner of everything the run changes outside itself (an attribute, a
+torch setting, an environment variable), which records each change in one of two scopes, what is
+compiled and what belongs to the run, and undoes it on every path. The seam runs one way: the
+connector imports `compile_features`, and no feature imports the connector. One compiled run at a
+time per process: Dynamo's counters and settings are process-wide. The private torch names the
+features need (Dynamo's counters, compilation metrics, per-code resets, compiled autograd's switch,
+DDP's python reducer) are reached only in `compile_features/_private_names.py`, each with the torch
+versions it is read on, so that a torch release that moves one changes one line. With `use_compile`
+set, `ModelParallelStrategy` is accepted too (the later patches that compile under it check what
+they compile); a compiled model passed in without `use_compile` is checked as before. Where DDP runs
+its python reducer (`torch._dynamo.config.optimize_ddp = "python_reducer"`, which compiled autograd
+needs), the seam also compiles DDP's call in place to train, as Fabric does, around the steps
+compiled on the module, so that DDP's forward is traced with the training step and its
+`_pre_forward` runs compiled; evaluation runs DDP's own call on the compiled steps. Under DDP's C++
+reducer, DDP's own code runs as Python whatever compiles it, so only the steps are compiled there,
+as in the previous patches. The features' hooks run in the order of `compile_features.FEATURES`,
+which names the features of the later patches; a Lightning runs those whose modules it has, so each
+later patch adds its module alone. And at the end of every run that compiled, the code that runs
+share (torch's, Lightning's, the model's classes') whose entries the run grew past half of Dynamo's
+recompile limit is reset, so that a process that fits many models compiles every fit without
+`torch.compiler.reset()`; a function the user compiled keeps its entries (a compiled torch module or
+a compiled method of the model called with many shapes during the run does not: it compiles again
+after it). A distribution that turns features on for a compiled model passed in without
+`use_compile` (`_CompileConnector.input_defaults`, empty here) has it unwrapped under every
+launcher, compiled after the setup and undone after the run, since the features act on that compile;
+the Trainer then warns when the model comes back without its `torch.compile` wrapper to a later
+stage, which runs uncompiled. With `input_defaults` empty, a compiled model passed in runs as with
+the previous patches. This patch adds no feature.""",
     modules=("compile_features", "compile_features._private_names", "compile_features._run", "compile_connector"),
     tests=("tests_pytorch/trainer/connectors/test_compile_features.py",),
     edits=(
