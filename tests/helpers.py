@@ -88,8 +88,9 @@ class CountingBackend:
     """A ``torch.compile`` backend that runs graphs eagerly and counts how many it compiled and ran.
 
     Counts live in a module-level table under ``name``, so that a copy of the backend (Lightning deep-copies the
-    arguments of ``torch.compile``) counts into the same place. With ``log_dir`` set, the first compile and the first
-    call are also written to a file of the process's rank, so that a test can read what spawned processes did.
+    arguments of ``torch.compile``) counts into the same place; :attr:`graphs_here` counts on the object itself, so a
+    test can tell the user's own backend from a copy of it. With ``log_dir`` set, the first compile and the first call
+    are also written to a file of the process's rank, so that a test can read what spawned processes did.
 
     """
 
@@ -97,6 +98,8 @@ class CountingBackend:
         self.name = name
         self.log_dir = str(log_dir) if log_dir is not None else None
         _COUNTS[name] = {"graphs": 0, "calls": 0}
+        #: The graphs this very object compiled: a copy of it (``copy.deepcopy``) counts its own.
+        self.graphs_here = 0
 
     @property
     def graphs(self) -> int:
@@ -109,6 +112,7 @@ class CountingBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         counts = _COUNTS.setdefault(self.name, {"graphs": 0, "calls": 0})
         counts["graphs"] += 1
+        self.graphs_here += 1
         self._record("graphs")
 
         def run(*args: Any) -> Any:
