@@ -162,7 +162,7 @@ class _CompileConnector:
                 setattr(module, name, run.wrap(getattr(module, name), original))
         wrapper = self.trainer.strategy.model
         # the one setup where compiling DDP's call traces DDP's code
-        if surface.ddp_uses_python_reducer(wrapper) and (self.enabled or self.input_defaults):
+        if wrapper is not None and surface.ddp_uses_python_reducer(wrapper) and (self.enabled or self.input_defaults):
             self._compile_wrapper(run, wrapper, kwargs)
 
     def _compile_wrapper(self, run: _CompileRun, wrapper: torch.nn.Module, kwargs: Mapping[str, Any]) -> None:

@@ -312,7 +312,7 @@ def run_like(run: Callable[..., Any], compiled: Callable[..., Any]) -> Callable[
     That is, with its inputs as one list where ``compiled`` takes them so (AOTAutograd's ``_boxed_call``, 2.1-2.15).
 
     """
-    run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
+    run._boxed_call = getattr(compiled, "_boxed_call", False)
     return run
 
 

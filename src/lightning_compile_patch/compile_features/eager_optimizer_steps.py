@@ -19,7 +19,7 @@ compiled.
 """
 
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -41,22 +41,22 @@ def _eager(cls: type, name: str) -> Callable[..., Any]:
     return torch.compiler.disable(method)
 
 
-def _new(cls: type) -> Any:
+def _new(cls: type[Any]) -> Any:
     """An instance of ``cls`` whose state pickle or ``copy`` then sets."""
-    return cls.__new__(cls)
+    return object.__new__(cls)  # neither optimizers nor schedulers have a `__new__` of their own
 
 
-def _with_eager_step(cls: type) -> type:
+def _with_eager_step(cls: type[Any]) -> type:
     """A subclass of ``cls``, of the same name, whose ``step`` runs outside the graph."""
-    subclass = type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
-    subclass.step = _eager(subclass, "step")
 
     def __reduce_ex__(self: Any, protocol: Any) -> Any:
         # pickled and copied as an instance of ``cls``: no module holds the run's subclass, and a copy is plain
-        _, _, *state = super(subclass, self).__reduce_ex__(protocol)
+        _, _, *state = cast(Any, cls).__reduce_ex__(self, protocol)  # `cls`'s own, as `super()` would find it
         return (_new, (cls,), *state)
 
-    subclass.__reduce_ex__ = __reduce_ex__  # type: ignore[method-assign]
+    own = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__reduce_ex__": __reduce_ex__}
+    subclass = type(cls.__name__, (cls,), own)
+    subclass.step = _eager(subclass, "step")
     return subclass
 
 

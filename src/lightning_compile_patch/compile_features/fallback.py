@@ -61,7 +61,8 @@ class _Fallback(_CompileFeature):
             # which has put its `wrapped_forward` on the module: the part that ran before the error may have taken it
             # off already
             module = run.trainer.lightning_module
-            wrapper_call = original == surface.module_call(run.trainer.strategy.model)
+            wrapper = run.trainer.strategy.model
+            wrapper_call = wrapper is not None and original == surface.module_call(wrapper)
             redirected = module.__dict__.get("forward") if wrapper_call else None
 
             def redirect() -> None:
@@ -75,7 +76,8 @@ class _Fallback(_CompileFeature):
                 if not is_compile_error(error):  # the step's own error: the eager step would raise it too
                     raise
                 failed = error
-            first, skipped = failed, []
+            first = failed
+            skipped: list[types.CodeType] = []
             while not isinstance(failed, surface.BACKEND_FAILED) and len(skipped) < _MOST_FRAMES:
                 code = _failed_code(started_us)
                 if code is None or code in self.skipped:

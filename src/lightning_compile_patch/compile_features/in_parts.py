@@ -28,7 +28,6 @@ uncompiled, as the mark says.
 
 """
 
-import functools
 import sys
 import time
 import types
@@ -96,7 +95,10 @@ class _Part:
 _PARTS: "weakref.WeakKeyDictionary[nn.Module, _Part]" = weakref.WeakKeyDictionary()
 
 
-@functools.cache
+#: The ``forward`` of each class compiled in parts (`_part_forward`), for every run and model of the process.
+_PART_FORWARDS: dict[type, Callable[..., Any]] = {}
+
+
 def _part_forward(cls: type[nn.Module]) -> Callable[..., Any]:
     """The ``forward`` of a module of class ``cls`` compiled in parts: one function per class, for every run and model.
 
@@ -106,6 +108,8 @@ def _part_forward(cls: type[nn.Module]) -> Callable[..., Any]:
     (``inspect.signature``, which libraries read, follows ``__wrapped__``).
 
     """
+    if cls in _PART_FORWARDS:
+        return _PART_FORWARDS[cls]
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
@@ -126,7 +130,8 @@ def _part_forward(cls: type[nn.Module]) -> Callable[..., Any]:
             part.failed = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
             return out
 
-    forward.__wrapped__ = cls.forward  # type: ignore[attr-defined]
+    forward.__wrapped__ = cls.forward
+    _PART_FORWARDS[cls] = forward
     return forward
 
 
