@@ -46,8 +46,17 @@ _process: list[str] = []
 
 
 def _summary_of(trainer: Any) -> Optional[Any]:
-    """The compile summary of ``trainer``'s last run that compiled, on either target (see ``last_summary``)."""
-    return getattr(getattr(trainer, "_compile_connector", None), "last_summary", None)
+    """The compile summary of ``trainer``'s last run that compiled, on either target.
+
+    The run summary keeps it in its module, beside the Trainer's connector: the package's (of this flavour), or a
+    patched Lightning's (as ``lightning_compile_patch.last_summary`` finds it).
+
+    """
+    connector = getattr(trainer, "_compile_connector", None)
+    if connector is None:
+        return None
+    summary = sys.modules.get(f"{type(connector).__module__.rpartition('.')[0]}.compile_features.summary")
+    return summary.last_summary(trainer) if summary is not None else None
 
 
 def _run_record(fn: str, summary: Any, error: Optional[BaseException]) -> dict[str, Any]:

@@ -81,3 +81,23 @@ def test_stock_where_failed_runs_stock_on_the_failures_alone_and_still_finds_a_n
     assert result.missing == []
     _, wrong = run.report({"stock": stock, "compiled": compiled}, {}, expected, "x", stock_where_failed=True)
     assert wrong
+
+
+def test_the_plugin_reads_the_summary_of_a_compiled_run_and_none_of_an_uncompiled_one(tmp_path: Path) -> None:
+    # the record's "compiled" and step counts come from here: the summary moved from the connector to the summary
+    # module, and an old reader found none for every run
+    import lightning_compile_patch  # noqa: F401
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.demos.boring_classes import BoringModel
+    from lightning_suite import plugin
+
+    quiet = {"max_steps": 2, "limit_val_batches": 0, "logger": False, "enable_checkpointing": False}
+    quiet |= {"enable_progress_bar": False, "enable_model_summary": False, "default_root_dir": tmp_path}
+    plain = Trainer(**quiet)
+    plain.fit(BoringModel())
+    assert plugin._summary_of(plain) is None
+    compiled = Trainer(use_compile={"backend": "eager"}, **quiet)
+    compiled.fit(BoringModel())
+    summary = plugin._summary_of(compiled)
+    assert summary is not None
+    assert summary.compiled_steps["training"] == 2
