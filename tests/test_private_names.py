@@ -538,3 +538,17 @@ def test_torchs_own_graph_breaks_are_named_by_texts_of_dynamos_reasons():
     assert hasattr(distributed, "_inside_ddp_forward") or hasattr(
         distributed.DistributedDataParallel, "_inside_ddp_forward"
     )
+
+
+def test_dynamos_per_code_state_is_changed_by_the_run_alone():
+    """Dynamo's compiled entries, recompile counts and "skip" marks last the process: only the run changes them
+    (``_run.py``: a frame run uncompiled for a scope, a reset now, the crowded shared code at the end), so that every
+    change has its undo, and one module holds every policy. ``in_parts`` marks its own trampoline once, for good."""
+    changed = {}
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            if call and node.func.attr in ("reset_code", "skip_code") and ast.unparse(node.func.value) == "surface":
+                changed.setdefault(path.name, []).append(ast.unparse(node))
+    assert set(changed) == {"_run.py", "in_parts.py"}, changed
+    assert changed["in_parts.py"] == ["surface.skip_code(_part_forward(nn.Module).__code__)"]

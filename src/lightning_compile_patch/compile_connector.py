@@ -10,7 +10,6 @@ import contextlib
 import difflib
 import inspect
 import os
-import types
 from collections.abc import Mapping
 from typing import Any, Callable, ClassVar, Optional, Union, cast
 
@@ -138,7 +137,7 @@ class _CompileConnector:
             kwargs = feature.compile_kwargs(run, kwargs)
         run.run_kwargs = _Frozen(dict(kwargs))
         if self.enabled or self.input_defaults:  # a compiled model passed in gets the re-apply alone, by default
-            run.defer(_crowded_code_reset(model), scope="run")
+            run.reset_crowded_code_at_end(model)
 
     def compile(self) -> None:
         """Compiles, in place, what the strategy runs in this stage, now that the strategy has set the model up."""
@@ -212,47 +211,6 @@ class _CompileConnector:
     def _release(self) -> None:
         if _RUNNING and _RUNNING[0] is self:
             _RUNNING.clear()
-
-
-def _crowded_code_reset(model: "pl.LightningModule") -> Callable[[], Any]:
-    """What resets, when the run ends, the shared code whose entries it grew past half of Dynamo's recompile limit.
-
-    Every run adds entries of its own (a wrapper, shapes, a backend) to code that runs share: torch's and Lightning's
-    (the module call, DDP's forward, the forward redirection) and the model's classes' (their steps, the functions
-    nested in them, and the code Dynamo resumes them with after a graph break). A process that fits many models would
-    reach the limit and run its later fits eagerly. Other code, such as a function the user compiled and called during
-    the run, keeps its entries. (Lightning's own re-apply leaves this to the user, as Fabric does:
-    ``torch.compiler.reset()`` between fits.)
-
-    """
-    limit = surface.recompile_limit()
-    # their folders, and that of these modules: Lightning's own, or a distribution's that runs them from its own folder
-    packages = tuple(folder + os.sep for folder in (*torch.__path__, *pl.__path__, os.path.dirname(__file__)))
-    own: set[types.CodeType] = set()  # the code of the model's classes, and of the functions nested in it
-    todo = [getattr(f, "__code__", None) for cls in type(model).__mro__ for f in vars(cls).values()]
-    while todo:
-        code = todo.pop()
-        if isinstance(code, types.CodeType) and code not in own:
-            own.add(code)
-            todo += code.co_consts
-    names = {(code.co_filename, code.co_name) for code in own}
-
-    def shared(code: types.CodeType) -> bool:
-        resumes = surface.resumed_function(code.co_name) or code.co_name  # after a graph break
-        return code.co_filename.startswith(packages) or code in own or (code.co_filename, resumes) in names
-
-    def entries() -> dict[int, tuple[Any, int]]:  # of the shared code Dynamo has converted
-        codes = [ref() for ref in surface.converted_codes()]
-        return {id(c): (c, surface.cache_entries(c)) for c in codes if c and shared(c)}
-
-    before = {key: n for key, (_, n) in entries().items()}
-
-    def reset() -> None:
-        for key, (code, n) in entries().items():
-            if n > max(before.get(key, 0), limit // 2):
-                surface.reset_code(code)  # its entries, its recompile count and its "skip" mark
-
-    return reset
 
 
 def _verify_one_compile(model: Any, use_compile: Any, kwargs: Mapping[str, Any]) -> None:

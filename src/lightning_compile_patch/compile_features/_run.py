@@ -11,13 +11,14 @@ import contextlib
 import functools
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Literal, Optional
 
 import torch
 
 import lightning.pytorch as pl
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _Frozen
+from lightning_compile_patch.compile_features import _private_names as surface
 
 _Scope = Literal["compile", "run"]
 _ABSENT = object()
@@ -142,6 +143,67 @@ class _CompileRun:
             stack.callback(self.uncompile)
             for feature in self.features:
                 stack.callback(feature.teardown, self)
+
+    # Dynamo keeps compiled entries, a recompile count and a "skip" mark per code object, for the whole process: the
+    # run is the one place that changes them, by the three policies below.
+
+    def run_uncompiled(self, code: types.CodeType, scope: _Scope = "compile") -> None:
+        """Dynamo runs ``code`` uncompiled as a frame of its own until the end of ``scope``, and still inlines it into
+        a traced caller: a feature's own replacement (logging), or a frame whose compile failed (``fallback``).
+        """
+        surface.skip_code(code)
+        self.defer(surface.reset_code, code, scope=scope)
+
+    def reset(self, codes: Iterable[types.CodeType]) -> None:
+        """Drops, now, what Dynamo keeps of each of ``codes``: its entries, its recompile count and its "skip" mark.
+
+        Where earlier runs crowded code that this run shares (another Trainer's run starts), or a run failed.
+
+        """
+        for code in codes:
+            surface.reset_code(code)
+
+    def reset_crowded_code_at_end(self, model: "pl.LightningModule") -> None:
+        """When the run ends, resets the shared code whose entries it grew past half of Dynamo's recompile limit.
+
+        Every run adds entries of its own (a wrapper, shapes, a backend) to code that runs share: torch's and
+        Lightning's (the module call, DDP's forward, the forward redirection) and the model's classes' (their steps,
+        the functions nested in them, and the code Dynamo resumes them with after a graph break). A process that fits
+        many models would reach the limit and run its later fits eagerly. Other code, such as a function the user
+        compiled and called during the run, keeps its entries. (Lightning's own re-apply leaves this to the user, as
+        Fabric does: ``torch.compiler.reset()`` between fits.)
+
+        """
+        limit = surface.recompile_limit()
+        # their folders, and the one above these modules': in Lightning, its own; in a distribution that runs them from
+        # a folder of its own, that one (with its fixes of Lightning's code)
+        ours = os.path.dirname(os.path.dirname(__file__))
+        packages = tuple(folder + os.sep for folder in (*torch.__path__, *pl.__path__, ours))
+        own: set[types.CodeType] = set()  # the code of the model's classes, and of the functions nested in it
+        todo = [getattr(f, "__code__", None) for cls in type(model).__mro__ for f in vars(cls).values()]
+        while todo:
+            code = todo.pop()
+            if isinstance(code, types.CodeType) and code not in own:
+                own.add(code)
+                todo += code.co_consts
+        names = {(code.co_filename, code.co_name) for code in own}
+
+        def shared(code: types.CodeType) -> bool:
+            resumes = surface.resumed_function(code.co_name) or code.co_name  # after a graph break
+            return code.co_filename.startswith(packages) or code in own or (code.co_filename, resumes) in names
+
+        def entries() -> dict[int, tuple[Any, int]]:  # of the shared code Dynamo has converted
+            codes = [ref() for ref in surface.converted_codes()]
+            return {id(c): (c, surface.cache_entries(c)) for c in codes if c and shared(c)}
+
+        before = {key: n for key, (_, n) in entries().items()}
+
+        def reset() -> None:
+            for key, (code, n) in entries().items():
+                if n > max(before.get(key, 0), limit // 2):
+                    surface.reset_code(code)  # its entries, its recompile count and its "skip" mark
+
+        self.defer(reset, scope="run")
 
     def _unwind(self, scope: _Scope) -> None:
         undo = self._undo[scope]

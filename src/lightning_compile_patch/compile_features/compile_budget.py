@@ -48,22 +48,14 @@ class _CompileBudget(_CompileFeature):
             spans.clear()
         last = _LAST["trainer"]() if _LAST["trainer"] is not None else None
         if last is not run.trainer:
-            for start, end in spans:
-                for ref in seen[start:end]:
-                    code = ref()
-                    if code is None:
-                        continue
-                    # more entries than a step keeps in steady state (two grad modes, full and partial batches), or
-                    # none: skipped after a failure, or it held no tensor work (trying that again costs next to nothing)
-                    entries = surface.cache_entries(code)
-                    if entries == 0 or entries > surface.recompile_limit() // 2:
-                        surface.reset_code(code)  # its entries, its recompile count, its "skip" mark
+            codes = [code for start, end in spans for ref in seen[start:end] if (code := ref()) is not None]
+            # more entries than a step keeps in steady state (two grad modes, full and partial batches), or none:
+            # skipped after a failure, or it held no tensor work (trying that again costs next to nothing)
+            half = surface.recompile_limit() // 2
+            run.reset(code for code in codes if (entries := surface.cache_entries(code)) == 0 or entries > half)
             # code that failed to compile after it had compiled entries (a step that raised in one of its branches):
             # Dynamo marked it "skip" with its entries kept
-            for ref in _LAST["failed"]:
-                code = ref()
-                if code is not None:
-                    surface.reset_code(code)
+            run.reset(code for ref in _LAST["failed"] if (code := ref()) is not None)
             _LAST["failed"] = []
         _LAST.update(trainer=weakref.ref(run.trainer), start=len(seen), started_us=time.time_ns() // 1000)
 

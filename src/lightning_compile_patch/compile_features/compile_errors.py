@@ -107,10 +107,7 @@ class _CompileErrors(_CompileFeature):
     def teardown(self, run: _CompileRun) -> None:
         codes_before, self._codes_before = self._codes_before, None
         if codes_before is not None and run.trainer.state.status == TrainerStatus.INTERRUPTED:
-            for ref in surface.converted_codes()[codes_before:]:
-                code = ref()
-                if code is not None:
-                    surface.reset_code(code)  # clears its cache entries and its "skip" mark
+            run.reset(code for ref in surface.converted_codes()[codes_before:] if (code := ref()) is not None)
 
 
 def _name_backward_errors(run: _CompileRun) -> None:

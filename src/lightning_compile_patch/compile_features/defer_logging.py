@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _private_names as surface
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 _LOG_METHODS = ("log", "log_dict")
@@ -37,9 +36,7 @@ class _LogBoundary:
             run.replace(module, name, self._deferring(name))
         run.defer(self._pending.clear)
         # one code object for every replacement: skipped as a frame of its own, still traced inline
-        code = self._deferring("log").__code__
-        surface.skip_code(code)
-        run.defer(surface.reset_code, code)
+        run.run_uncompiled(self._deferring("log").__code__)
 
     def _deferring(self, name: str) -> Callable[..., None]:
         """The replacement for one logging method."""

@@ -85,8 +85,7 @@ class _Fallback(_CompileFeature):
                 # that frame runs uncompiled from now on, what it calls compiled; its compile failed as it was entered
                 self.skipped.add(code)
                 skipped.append(code)
-                surface.skip_code(code)
-                run.defer(surface.reset_code, code, scope="run")
+                run.run_uncompiled(code, scope="run")
                 redirect()
                 started_us = time.time_ns() // 1000
                 try:

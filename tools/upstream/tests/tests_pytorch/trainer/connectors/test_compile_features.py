@@ -131,7 +131,7 @@ def test_defaults_turn_a_feature_on_for_every_use_compile_but_not_for_a_compiled
 
 def test_a_compiled_model_passed_in_gets_no_reset_of_shared_code_without_use_compile(monkeypatch, tmp_path):
     resets = []
-    monkeypatch.setattr(compile_connector, "_crowded_code_reset", lambda model: lambda: resets.append(model))
+    monkeypatch.setattr(_CompileRun, "reset_crowded_code_at_end", lambda run, model: resets.append(model))
     Trainer(default_root_dir=tmp_path, **_TRAINER_KWARGS).fit(torch.compile(BoringModel(), backend="eager"))
     assert resets == []  # Lightning's own compile of the model, and nothing more
     model = BoringModel()
