@@ -38,3 +38,18 @@ def test_auto_keeps_a_value_the_user_set_in_torch():
 def test_one_device_leaves_it_alone():
     before = dynamo_config.optimize_ddp
     assert run({"backend": "eager", "optimize_ddp": False}, strategy="auto") == before
+
+
+def test_python_reducer_set_in_torch_trains_on_one_device():
+    # bug: the check that DDP was built with the python reducer ran without DDP, and refused every one-device run
+    with dynamo_config.patch(optimize_ddp="python_reducer"):
+        assert run({"backend": "eager"}, strategy="auto") == "python_reducer"
+
+
+def test_python_reducer_does_not_refuse_a_stage_ddp_does_not_wrap():
+    # bug: DDP wraps the model to fit only, so `validate` under DDP with the python reducer chosen raised
+    before = dynamo_config.optimize_ddp
+    use_compile = {"backend": "eager", "optimize_ddp": "python_reducer"}
+    trainer = Trainer(strategy="ddp", use_compile=use_compile, limit_val_batches=2, **QUIET)
+    trainer.validate(LoggingModel(), verbose=False)
+    assert dynamo_config.optimize_ddp == before

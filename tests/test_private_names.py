@@ -15,6 +15,7 @@ import functools
 import inspect
 import logging
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -39,13 +40,15 @@ TORCH_2_6 = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2,
 #: The private names used outside the surface, by file, and why. The core rungs (the connector's re-apply and
 #: `use_compile`, and the fixes of Lightning's functions) are Lightning's own code: they use Lightning's private names,
 #: and `OptimizedModule` (torch has no public name for what `torch.compile` returns), as Lightning's
-#: `utilities/compile.py` does. The package's monkeypatch wraps `Trainer.__init__` in Lightning's own decorator.
+#: `utilities/compile.py` does.
 CORE = {"OptimizedModule", "_orig_mod", "_compiler_ctx", "_compile_kwargs", "_unwrap_compiled"}
 CORE |= {"_MultiProcessingLauncher", "_verify_strategy_can_compile", "_TORCH_GREATER_EQUAL_2_6"}
 ALLOWED_OUTSIDE = {
     "compile_connector.py": CORE,
     "lightning_fixes.py": CORE | {"_original_module", "_check_mixed_imports"},
-    "patch.py": {"_defaults_from_env_vars"},
+    # the monkeypatch replaces `Trainer._run` and `Trainer._teardown`, where the upstream change calls the connector,
+    # and wraps `__init__` in the decorator Lightning puts on it; it refuses a Lightning it was not tested with
+    "patch.py": {"_run", "_teardown", "_defaults_from_env_vars"},
     "list_outputs.py": {"_dataloader"},  # the end of the names of Lightning's dataloader hooks, not a name
 }
 
@@ -59,25 +62,29 @@ def exercises(*entries: str):
 
 
 def _defined(trees: list[ast.Module]) -> set[str]:
-    """The names the change defines itself: functions, classes, variables, arguments, and its objects' attributes."""
+    """The attribute names the change defines itself: its modules' names, its classes' methods and class attributes,
+    and what its objects set on ``self`` or ``cls``. Names local to a function (a nested ``def _run``) do not count."""
     names = set()
-    for node in (node for tree in trees for node in ast.walk(tree)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+    for tree in trees:
+        scopes: list[ast.AST] = [tree, *(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef))]
+        for scope in scopes:
+            for node in scope.body:  # type: ignore[attr-defined]
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(node.name)
+                elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    names |= {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+                elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                    names |= {alias.asname for alias in node.names if alias.asname}
+        for node in ast.walk(tree):
+            own = isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+            if own and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
                 names.add(node.attr)
-        elif isinstance(node, ast.arg):
-            names.add(node.arg)
-        elif isinstance(node, ast.alias) and node.asname:
-            names.add(node.asname)
     return names
 
 
 def _private(name: str) -> bool:
-    return name.startswith("_") and not name.startswith("__")
+    return len(name) > 1 and name.startswith("_") and not name.startswith("__")
 
 
 def private_names(tree: ast.Module, defined: set[str], own_modules: tuple[str, ...]) -> set[str]:
@@ -178,7 +185,7 @@ def test_the_settings_read_are_read_from_dynamo():
     assert surface.NON_LAZY_BACKWARD is TORCH_2_13
 
 
-@exercises("RECOMPILE_LIMIT_LOGGER", "is_recompile_limit_hit")
+@exercises("RECOMPILE_LIMIT_LOGGER", "is_recompile_limit_hit", "FRAME_IN_MESSAGE")
 def test_a_recompile_limit_hit_is_told_on_the_logger_in_words_the_surface_knows():
     records = []
 
@@ -199,8 +206,11 @@ def test_a_recompile_limit_hit_is_told_on_the_logger_in_words_the_surface_knows(
                 compiled(torch.ones(2), n)
     finally:
         logger.removeFilter(keep)
-    assert [message for message in records if surface.is_recompile_limit_hit(message)], records
+    hits = [message for message in records if surface.is_recompile_limit_hit(message)]
+    assert hits, records
     assert not surface.is_recompile_limit_hit("hit a graph break")
+    named = [found for message in hits if (found := surface.FRAME_IN_MESSAGE.search(message))]
+    assert (named[0]["name"], named[0]["file"], int(named[0]["line"])) == ("f", __file__, f.__code__.co_firstlineno)
 
 
 @exercises("graphs_compiled", "graph_breaks")
@@ -231,8 +241,8 @@ def test_compilation_metrics_name_each_frame_and_when_it_was_compiled():
     assert not metrics.fail_type
 
 
-@pytest.mark.skipif(not TORCH_2_13, reason="2.6 records a frame skipped for a graph break in a loop as no failure")
-@exercises("compilation_metrics")
+@pytest.mark.skipif(not surface.GRAPHLESS_FRAMES_TOLD, reason="2.6 records a frame skipped in a loop as no failure")
+@exercises("compilation_metrics", "GRAPHLESS_FRAMES_TOLD")
 def test_compilation_metrics_give_dynamos_reason_for_a_skipped_frame():
     def f(x):
         for _ in range(2):
@@ -543,7 +553,8 @@ def test_torchs_own_graph_breaks_are_named_by_texts_of_dynamos_reasons():
 def test_dynamos_per_code_state_is_changed_by_the_run_alone():
     """Dynamo's compiled entries, recompile counts and "skip" marks last the process: only the run changes them
     (``_run.py``: a frame run uncompiled for a scope, a reset now, the crowded shared code at the end), so that every
-    change has its undo, and one module holds every policy. ``in_parts`` marks its own trampoline once, for good."""
+    change goes through one module; a feature says which code (the compile budget: what earlier Trainers crowded;
+    compile errors: what a failed run converted). ``in_parts`` marks its own trampoline "skip", for good."""
     changed = {}
     for path in SOURCES:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -552,3 +563,24 @@ def test_dynamos_per_code_state_is_changed_by_the_run_alone():
                 changed.setdefault(path.name, []).append(ast.unparse(node))
     assert set(changed) == {"_run.py", "in_parts.py"}, changed
     assert changed["in_parts.py"] == ["surface.skip_code(_part_forward(nn.Module).__code__)"]
+
+
+@exercises("CHAINED_BREAK")
+def test_the_text_between_chained_graph_breaks_is_dynamos():
+    import inspect as inspect_module
+
+    from torch._dynamo import exc
+
+    assert (surface.CHAINED_BREAK in inspect_module.getsource(exc)) is TORCH_2_13  # checked on 2.6, 2.13 and 2.15
+
+
+@exercises("TRAINER_LOOP_SOURCES", "DYNAMIC_SOURCES_MATCH_PATTERNS")
+def test_the_trainers_loop_counters_are_named_as_dynamo_names_their_sources():
+    from lightning.pytorch import LightningModule
+
+    assert re.fullmatch(surface.TRAINER_LOOP_SOURCES, "L['self']._trainer.fit_loop.epoch_progress.current.completed")
+    assert not re.fullmatch(surface.TRAINER_LOOP_SOURCES, "L['self'].layer.weight")
+    assert "_trainer" in vars(LightningModule())  # Lightning's own attribute, which the sources go through
+    assert surface.DYNAMIC_SOURCES_MATCH_PATTERNS is (torch.__version__ >= "2.8")
+    if surface.DYNAMIC_SOURCES_MATCH_PATTERNS:
+        assert isinstance(torch.compiler.config.dynamic_sources, str)

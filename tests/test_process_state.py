@@ -32,7 +32,7 @@ from helpers import (
 )
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-pytestmark = pytest.mark.package_only  # the connector's own record of what it changed
+pytestmark = pytest.mark.package_only  # the package's patch and the run it starts, recorded
 
 _ABSENT = object()
 #: What Lightning's DDP launcher sets in the process, stock Lightning's too.
@@ -135,7 +135,7 @@ def test_a_run_with_every_feature_puts_back_all_it_changed(monkeypatch, tmp_path
         use_compile |= {"cache": str(tmp_path / "cache"), "compiled_autograd": True}
     trainer = Trainer(strategy="ddp", use_compile=use_compile, max_steps=2, limit_val_batches=1, **QUIET)
     trainer.fit(model)
-    # what each feature changes for the run went through the connector, and came back
+    # what each feature changes for the run went through the run, and came back
     expected = {"optimize_ddp", "forward", "log"}
     expected |= {"force_non_lazy_backward_lowering"} if TORCH_2_13 else set()  # torch 2.13+ has it
     expected |= {"TORCHINDUCTOR_CACHE_DIR"} if TORCH_2_7 else set()  # the cache's inductor directory, for the run
@@ -148,7 +148,7 @@ def test_a_run_with_every_feature_puts_back_all_it_changed(monkeypatch, tmp_path
 
 def test_a_manual_optimization_run_puts_back_the_classes_it_gave_its_optimizers_and_schedulers(monkeypatch):
     # bug: the run's eager `step`s were set on the optimizer's own class and the scheduler's class swapped by hand,
-    # outside the connector's record; an attribute added to a class could not be undone through it
+    # outside the run's record; an attribute added to a class could not be undone through it
     changes = ChangeLog(monkeypatch)
     before = process_state()
     optimizer_class = None

@@ -7,8 +7,9 @@
 What each patch contains:
 
 * new source files: the package's Lightning-side modules (``upstream_modules.UPSTREAM_MODULES``), with imports
-  renamed to Lightning's paths and Lightning's license header: the core (``compile_connector``) in 0003, one feature
-  module per later patch;
+  renamed to Lightning's paths and Lightning's license header: the connector in three rungs (0005 and 0006 from
+  ``tools/upstream/rungs/``, 0007 the package's, with the seam's modules), one feature module per later patch
+  (``fallback`` comes with ``compile_errors``);
 * new test files, verbatim from ``tools/upstream/tests``, and tests added to Lightning's own test files (a fix's),
   from modules there that run on their own;
 * edits of Lightning's own files (``tools/upstream/series.py``), applied to the base; a function that the package

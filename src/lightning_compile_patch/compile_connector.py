@@ -1,8 +1,13 @@
-"""Compiles a ``torch.compile``-d model's steps in each process, where the strategy's launcher pickles the model.
+"""Compiles what a run compiles, in each process, right after ``strategy.setup``: ``Trainer(use_compile=...)``.
 
-Compiled steps do not pickle: for a launcher that pickles the model (``strategy="ddp_spawn"``),
-:meth:`_CompileConnector.unwrap` takes the LightningModule out of its ``torch.compile`` wrapper, and in each process
-:meth:`~_CompileConnector.compile` compiles its steps in place, with the same arguments, right after ``strategy.setup``.
+* ``use_compile`` (``True`` or a dict of ``torch.compile`` arguments) is parsed once and checked by ``torch.compile``
+  itself when the Trainer is built; the features its dict turns on (``compile_features``) are built then too.
+* :meth:`_CompileConnector.unwrap` takes a model passed in out of its ``torch.compile`` wrapper where the run compiles
+  it after the setup: under ``use_compile``, and for a launcher that pickles the model (``strategy="ddp_spawn"``:
+  compiled steps do not pickle).
+* :meth:`~_CompileConnector.on_run_start` starts the run (``compile_features._run``) that the features' hooks get;
+  :meth:`~_CompileConnector.compile` compiles the LightningModule's steps in place, and DDP's call too where DDP runs
+  its python reducer; :meth:`~_CompileConnector.teardown` undoes all of it, on every path.
 
 """
 
@@ -84,7 +89,12 @@ class _CompileConnector:
             feature.verify(self.trainer)
 
     def unwrap(self, model: Any) -> Any:
-        """Unwraps a compiled model the launcher pickles (``ddp_spawn``): each process compiles it instead."""
+        """The model to run: a compiled one passed in unwrapped where the run compiles it after the setup instead.
+
+        Under ``use_compile`` (after checking that it was compiled as ``use_compile`` asks), for a launcher that pickles
+        the model (``ddp_spawn``), and, with ``input_defaults``, on every launcher.
+
+        """
         if model is self.trainer.lightning_module and self._input_kwargs is not None and self.input_defaults:
             rank_zero_warn(
                 "The model was passed compiled to an earlier stage of this Trainer, and now without its `torch.compile`"
@@ -147,7 +157,7 @@ class _CompileConnector:
         step_only: dict[str, Any] = {}
         for feature in run.features:
             step_only.update(feature.setup(run))
-        kwargs = run.step_kwargs = _Frozen({**run.run_kwargs, **step_only})
+        kwargs = _Frozen({**run.run_kwargs, **step_only})  # the steps' arguments: the run's, and the steps' own
         module = self.trainer.lightning_module
         run.keep_copies_plain(module, ("_compiler_ctx", "forward", *STEPS))
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place

@@ -1,10 +1,11 @@
 """The upstream ladder: what each patch adds to, and changes in, Lightning's tree, for each base.
 
-The core stack comes first: two fixes of Lightning's own compile helpers, each of which can merge alone, then the core
-(``connector``). Every later patch is one feature module (``features/<name>.py``) with its tests, docs section and
-CHANGELOG line, and needs only the core stack. New source files are the package's Lightning-side modules
-(``upstream_modules.UPSTREAM_MODULES``); what is listed here are the edits of Lightning's own files, each an exact text
-replacement, so that a change in Lightning is noticed rather than patched around.
+The core stack comes first: four fixes of Lightning's own compile helpers, each of which can merge alone, then the
+connector in three rungs (the re-apply, ``use_compile``, the feature seam). Every later patch is one feature module
+(``compile_features/<key>.py``) with its tests, docs section and CHANGELOG line, and needs only the core stack. New
+source files are the package's Lightning-side modules (``upstream_modules.UPSTREAM_MODULES``); what is listed here are
+the edits of Lightning's own files, each an exact text replacement, so that a change in Lightning is noticed rather than
+patched around.
 
 Two bases: ``2.6.6`` (forks of the release; each patch is made on the previous one, for a plain ``git am``) and
 ``master`` (the PR; each later patch is made on the core stack alone, and the edits of a shared file sit at anchors of

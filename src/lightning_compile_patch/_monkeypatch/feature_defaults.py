@@ -5,7 +5,7 @@ changes nothing for a user who did not ask for it. The package is a distribution
 on whenever ``use_compile`` is set; a key the user sets wins (``use_compile={"summary": False}``). A compiled model
 passed in without ``use_compile`` is compiled again after the wrap with its own arguments, and gets only the features
 that change nothing beyond the model and its Trainer (``INPUT_DEFAULTS``): no backend is replaced (so no summary) and
-no process-wide setting changed.
+no torch setting changed (the shared code the run crowded is still reset at its end).
 
 """
 
@@ -20,7 +20,7 @@ FEATURE_DEFAULTS = types.MappingProxyType(
         "dynamic_loop_counters": True,  # `current_epoch` and `global_step` do not recompile the step
         "compile_budget": True,  # each Trainer's runs get their own recompile budget (sweeps in one process)
         "stage_guards": True,  # a step that reads `trainer.state` compiles once per stage (an Enum key is unguarded)
-        "no_grad_evaluation": True,  # test and predict under `no_grad` (Dynamo fails on some inference-mode steps)
+        "no_grad_evaluation": True,  # evaluation under `no_grad` (Dynamo fails on some inference-mode steps)
         "list_outputs": True,  # `self.outputs.append(...)` in a step does not recompile it as the list grows
         "check_tensor_parallel": True,  # refuse what tensor parallelism cannot compile whole, before the first step
         "dynamic_lr": True,  # the learning rate a step reads from `self.optimizers()` does not recompile it

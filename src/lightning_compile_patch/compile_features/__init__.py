@@ -68,8 +68,9 @@ class _CompileFeature:
     """A feature beyond the core: built with the parsed options (raising on a bad value), it owns ``keys`` of them.
 
     A feature is built only for a Trainer whose ``use_compile`` sets one of its keys (or the connector's ``defaults``
-    do), so a feature left unset changes nothing. Hooks run in the order of :data:`FEATURES`, ``teardown`` in reverse,
-    on every path. ``order`` only says how ``wrap`` nests, lowest innermost:
+    do), so a feature left unset changes nothing; a feature may say otherwise in its own :meth:`wanted` (logging
+    deferral, on the 2.6.6 ladder, runs unless its key is ``False``). Hooks run in the order of :data:`FEATURES`,
+    ``teardown`` in reverse, on every path. ``order`` only says how ``wrap`` nests, lowest innermost:
 
     ====  ================  =====================================================================
     5     list_outputs      puts the module's lists behind their views for the compiled call only

@@ -14,6 +14,7 @@ Lightning's are read on Lightning 2.1 to 2.6 and master.
 
 """
 
+import operator
 import os
 import re
 import sys
@@ -25,11 +26,12 @@ import torch
 import torch._dynamo.config
 import torch._functorch.config
 import torch._inductor.config
+from lightning_utilities.core.imports import compare_version
 from torch._dynamo import convert_frame
 from torch._dynamo import utils as dynamo_utils
 from torch.nn.parallel import DistributedDataParallel
 
-# Settings, which features change per run through the connector, which restores them.
+# Settings, which features change per run through the run, which restores them.
 
 #: Dynamo's settings (2.1-2.15): ``optimize_ddp`` chosen per run; ``suppress_errors`` and the recompile limit read.
 dynamo_config = torch._dynamo.config
@@ -54,6 +56,22 @@ def errors_suppressed() -> bool:
 
 #: The logger Dynamo tells a recompile-limit hit on, its only report of one (2.1-2.15).
 RECOMPILE_LIMIT_LOGGER = convert_frame.__name__
+
+
+#: How Dynamo names a frame in that message: ``'training_step' (/path/model.py:12)`` (2.1-2.15).
+FRAME_IN_MESSAGE = re.compile(r"'(?P<name>[^']*)' \((?P<file>.*):(?P<line>\d+)\)")
+#: Between the parts of Dynamo's reason for a graph break that led to another one (2.8-2.15).
+CHAINED_BREAK = "*** While handling this graph break, another graph break occurred: ***"
+#: Whether compilation metrics tell a frame Dynamo compiled with no graph from one it skipped (2.13-2.15; 2.6 records a
+#: frame skipped for a graph break in a loop as no failure, with no graph, alike).
+GRAPHLESS_FRAMES_TOLD = compare_version("torch", operator.ge, "2.13.0")
+#: The sources of every value under one of the Trainer's loops, as Dynamo names them
+#: (``L['self']._trainer.fit_loop.epoch_progress.current.completed``), whichever module or wrapper the compiled frame
+#: starts from: Lightning's private ``LightningModule._trainer`` (2.0-2.6), in Dynamo's names of sources (2.8-2.15).
+TRAINER_LOOP_SOURCES = r".*\._trainer\.(fit|validate|test|predict)_loop\..*"
+#: Whether ``torch.compiler.config.dynamic_sources`` takes regular expressions (2.8-2.15, pytorch#151766; 2.7 takes
+#: exact names only).
+DYNAMIC_SOURCES_MATCH_PATTERNS = compare_version("torch", operator.ge, "2.8.0")
 
 
 def is_recompile_limit_hit(message: str) -> bool:

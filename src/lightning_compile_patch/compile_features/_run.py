@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, Optional
 import torch
 
 import lightning.pytorch as pl
-from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _Frozen
+from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
 from lightning_compile_patch.compile_features import _private_names as surface
 
 _Scope = Literal["compile", "run"]
@@ -44,8 +44,6 @@ class _CompileRun:
         self.given = given
         #: The arguments every compile of the run uses.
         self.run_kwargs: Mapping[str, Any] = given
-        #: The arguments the steps are compiled with: :attr:`run_kwargs` with what the features' ``setup`` returned.
-        self.step_kwargs: Mapping[str, Any] = _Frozen()
         #: Whether the run went on uncompiled after a compile error (:meth:`fall_back`).
         self.fell_back = False
         #: What features say of the run, for its summary (:meth:`note`).

@@ -1,7 +1,7 @@
 """Tensor parallelism under ``use_compile``: warn on a torch it was not tested on, refuse what is known to fail.
 
-It checks every compiled run, with ``regions`` or without, and imports no other feature: its patch applies on the core
-alone (its test trains with ``regions`` too, so runs with the regions patch).
+With its key set, it checks every compiled run, with ``regions`` or without, and imports no other feature: its patch
+applies on the core alone (its test trains with ``regions`` too, so runs with the regions patch).
 
 """
 

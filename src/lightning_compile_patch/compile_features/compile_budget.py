@@ -2,9 +2,9 @@
 
 Dynamo keeps its compiled entries, its recompile count and its "skip" marks per code object, for the life of the
 process. In a sweep (Optuna, Ray Tune, a notebook: one model class, a new Trainer and a new width or depth per trial),
-each trial added entries to the same code objects: the step methods of the model class and, under DDP, Lightning's own
-forward redirection, which every model shares. From the 9th trial on one device, and the 5th under DDP, every step ran
-eagerly.
+each trial added entries to the same code objects: the step methods of the model class and, where DDP's call is
+compiled (its python reducer), Lightning's own forward redirection, which every model shares. Measured when DDP's call
+was always compiled (2026-11): from the 9th trial on one device, and the 5th under DDP, every step ran eagerly.
 
 So when a run starts for another Trainer than the last compiled run of the process, each code object that Dynamo first
 converted during a compiled run, and that holds more than half of Dynamo's recompile limit in compiled entries (or was

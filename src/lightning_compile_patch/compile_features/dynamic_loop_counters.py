@@ -12,20 +12,13 @@ nothing is marked: static code was asked for (CUDA graphs, for one, would record
 
 """
 
-import operator
 from typing import Any
 
 import torch
-from lightning_utilities.core.imports import compare_version
 
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
+from lightning_compile_patch.compile_features import _private_names as surface
 from lightning_compile_patch.compile_features._run import _CompileRun
-
-#: The sources of every value under one of the Trainer's loops, as Dynamo names them (``L['self']._trainer.fit_loop
-#: .epoch_progress.current.completed``), whichever module or wrapper the compiled frame starts from.
-LOOP_SOURCES = r".*\._trainer\.(fit|validate|test|predict)_loop\..*"
-#: torch 2.8 and newer match ``dynamic_sources`` as regular expressions (pytorch#151766; 2.7 takes exact names only).
-_SUPPORTED = compare_version("torch", operator.ge, "2.8.0")
 
 
 class _LoopCounters(_CompileFeature):
@@ -37,11 +30,12 @@ class _LoopCounters(_CompileFeature):
         _flag(options, "dynamic_loop_counters")
 
     def on_run_start(self, run: _CompileRun, model: Any) -> None:
-        if not _SUPPORTED or (run.given or {}).get("dynamic") is False:
+        if not surface.DYNAMIC_SOURCES_MATCH_PATTERNS or (run.given or {}).get("dynamic") is False:
             return  # `dynamic=False` asks for static code: the counters stay specialized, as torch does
         config = torch.compiler.config
         given = config.dynamic_sources
-        value = f"{given},{LOOP_SOURCES}" if given else LOOP_SOURCES  # the user's own sources stay
+        sources = surface.TRAINER_LOOP_SOURCES
+        value = f"{given},{sources}" if given else sources  # the user's own sources stay
         run.replace(config, "dynamic_sources", value, scope="run")
 
 

@@ -74,7 +74,8 @@ def compile_parts(module: nn.Module, kwargs: Mapping[str, Any], replace: Callabl
 
     visit(module)
     # called from a step Dynamo skipped, a module's `forward` would be a frame Dynamo converts on its own, every
-    # module's entries on its one code object; skipped as a frame, it is still traced into a compiled caller
+    # module's entries on its one code object; skipped as a frame, it is still traced into a compiled caller (the
+    # package's own trampoline, marked at each call, for good: it is never the user's code)
     surface.skip_code(_part_forward(nn.Module).__code__)  # every class's shares its code
     return parts
 

@@ -9,6 +9,8 @@ host overhead, so ``"auto"`` (the default) splits only with more than one proces
 from collections.abc import Mapping
 from typing import Any
 
+from torch.nn.parallel import DistributedDataParallel
+
 from lightning.pytorch.strategies import DDPStrategy
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
 from lightning_compile_patch.compile_features import _private_names as surface
@@ -21,7 +23,6 @@ class _OptimizeDDP(_CompileFeature):
     """Sets ``optimize_ddp`` for a run under DDP, before DDP is built, and restores it when the run ends."""
 
     keys = {"optimize_ddp": "how DDP's graph is split into buckets: 'auto', True, False or a torch mode name"}
-    order = 40
 
     @classmethod
     def wanted(cls, keys: Mapping[str, Any]) -> bool:
@@ -40,18 +41,23 @@ class _OptimizeDDP(_CompileFeature):
         strategy = run.trainer.strategy
         if not isinstance(strategy, DDPStrategy):
             return
-        # A process-wide Dynamo setting, read when DDP's call is compiled, and for "python_reducer" when DDP is built:
+        # A process-wide Dynamo setting, read when a step is compiled inside DDP's forward, and for "python_reducer"
+        # when DDP is built:
         # so it is set here, before the strategy wraps the model, and restored when the run ends, on every path.
         value = _resolve(self.choice, strategy.world_size, surface.dynamo_config.optimize_ddp)
         run.replace(surface.dynamo_config, "optimize_ddp", value, scope="run")
 
     def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         wrapper = run.trainer.strategy.model
-        python_reducer = surface.ddp_uses_python_reducer(wrapper)
-        if surface.dynamo_config.optimize_ddp == "python_reducer" and not python_reducer:
+        if not isinstance(wrapper, DistributedDataParallel):  # one device, or a stage DDP does not wrap (it fits only)
+            return {}
+        if surface.dynamo_config.optimize_ddp == "python_reducer" and not surface.ddp_uses_python_reducer(wrapper):
+            where = "`use_compile={'optimize_ddp': 'python_reducer'}`"
+            if self.choice != "python_reducer":
+                where = "`torch._dynamo.config.optimize_ddp = 'python_reducer'`"
             raise RuntimeError(
-                "`use_compile={'optimize_ddp': 'python_reducer'}` was set before DDP was built, but DDP uses its C++"
-                " reducer. Remove `bucket_cap_mb_list` or other DDP arguments the python reducer does not support."
+                f"{where} was set before DDP was built, but DDP uses its C++ reducer. Remove `bucket_cap_mb_list` or"
+                " other DDP arguments the python reducer does not support."
             )
         return {}
 

@@ -18,8 +18,6 @@
 """
 
 import logging
-import operator
-import re
 import time
 import weakref
 from collections import OrderedDict
@@ -30,7 +28,6 @@ from types import CodeType, FrameType
 from typing import Any, Callable, Optional, cast
 
 import torch
-from lightning_utilities.core.imports import compare_version
 
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -38,9 +35,6 @@ from lightning_compile_patch.compile_features import _CompileFeature, _CompileOp
 from lightning_compile_patch.compile_features import _private_names as surface
 from lightning_compile_patch.compile_features._run import _CompileRun
 
-#: Whether a frame's compilation metrics tell a frame Dynamo compiled with no graph from one it skipped (read on 2.13;
-#: torch 2.6 records a frame skipped for a graph break in a loop as no failure, with no graph, alike).
-_GRAPHLESS_IS_KNOWN = compare_version("torch", operator.ge, "2.13.0")
 #: The clocks, bound here: a test (or a user's callback) that patches `time.perf_counter` gets no calls from the run.
 _clock = time.perf_counter
 _wall_ns = time.time_ns
@@ -78,7 +72,7 @@ class _CompileSummary:
     parts_causes: dict[str, int] = field(default_factory=dict)
     #: Whether the run went on uncompiled after a compile error (``fallback="eager"``).
     fell_back: bool = False
-    #: What other features say of the run (a feature's ``summary_note``), such as how regions were compiled.
+    #: What other features say of the run (``run.note``), such as how regions were compiled.
     notes: list[str] = field(default_factory=list)
 
     def line(self, backend: str, strategy: str) -> str:
@@ -117,7 +111,7 @@ class _Step:
     called_graphs: bool = False
 
 
-#: The steps in progress, innermost last (a compiled run is one at a time in a process: see the connector's `_RUNNING`).
+#: The steps in progress, innermost last (a compiled run is one at a time in a process).
 _STEPS: list[_Step] = []
 
 
@@ -204,8 +198,6 @@ def _nested_codes(function: Any) -> set[CodeType]:
     return {const for const in (code.co_consts if code else ()) if isinstance(const, CodeType)}
 
 
-#: How Dynamo names a frame: ``'training_step' (/path/model.py:12)``, in its recompile-limit message.
-_FUNCTION = re.compile(r"'(?P<name>[^']*)' \((?P<file>.*):(?P<line>\d+)\)")
 _Key = tuple[str, str, int]
 
 
@@ -235,10 +227,6 @@ def _step_codes(function: Any) -> tuple[list[CodeType], Optional[str]]:
     return codes, disabled
 
 
-#: Between the parts of Dynamo's message for a graph break that led to another one (torch 2.8+).
-_CHAINED = "*** While handling this graph break, another graph break occurred: ***"
-
-
 def _skip_cause(metrics: Any, suppressed: bool) -> tuple[str, str]:
     """The cause and explanation of a step whose frame Dynamo failed to compile, from its compilation metrics.
 
@@ -248,7 +236,7 @@ def _skip_cause(metrics: Any, suppressed: bool) -> tuple[str, str]:
     """
     fail_type = str(getattr(metrics, "fail_type", "") or "")
     reason = str(getattr(metrics, "fail_reason", "") or "").strip()
-    parts = [part.strip() for part in reason.split(_CHAINED) if part.strip()] or [fail_type]
+    parts = [part.strip() for part in reason.split(surface.CHAINED_BREAK) if part.strip()] or [fail_type]
     title = parts[-1].splitlines()[0].strip().rstrip(".:")
     where = _where(getattr(metrics, "co_filename", None), getattr(metrics, "co_firstlineno", None))
     name = getattr(metrics, "co_name", "the step")
@@ -335,7 +323,7 @@ class _RecompileLimitWatch(logging.Filter):
         if surface.is_recompile_limit_hit(message):
             function = next((line.strip() for line in message.splitlines() if "function:" in line), "a function")
             self._hits.append(function)
-            found = _FUNCTION.search(function)
+            found = surface.FRAME_IN_MESSAGE.search(function)
             if found:
                 key = (found["name"], found["file"], int(found["line"]))
                 self.keys.add(key)
@@ -506,7 +494,7 @@ class _CompileReport:
         if callee is not None:
             cause = _skip_cause(callee, suppressed)
         # converted with no graph in this run, or earlier (its entries hold no graph, or none would have run)
-        elif _GRAPHLESS_IS_KNOWN and (graphless or any(surface.cache_entries(code) for code in codes)):
+        elif surface.GRAPHLESS_FRAMES_TOLD and (graphless or any(surface.cache_entries(code) for code in codes)):
             cause = ("no tensor work", _NO_TENSOR_WORK)
         if cause is not None:
             for key in keys:
