@@ -159,6 +159,14 @@ class _CompileConnector:
             step_only.update(feature.setup(run))
         kwargs = _Frozen({**run.run_kwargs, **step_only})  # the steps' arguments: the run's, and the steps' own
         module = self.trainer.lightning_module
+        wrapper = self.trainer.strategy.model
+        if (
+            wrapper is not None
+            and surface.ddp_uses_python_reducer(wrapper)  # the one setup where compiling DDP's call traces DDP's code
+            and (self.enabled or self.input_defaults)
+            and self._compile_wrapper(run, wrapper, kwargs)
+        ):
+            return
         run.keep_copies_plain(module, ("_compiler_ctx", "forward", *STEPS))
         # the strategy runs the steps, directly or inside its wrapper (DDP, FSDP): they are compiled in place
         # `inspect.unwrap`: past Fabric's capture of `torch.compile`, which this compile has no use for
@@ -169,23 +177,20 @@ class _CompileConnector:
             original = module._compiler_ctx[f"original_{name}"]
             if callable(original):  # `validation_step = None` turns the loop off
                 setattr(module, name, run.wrap(getattr(module, name), original))
-        wrapper = self.trainer.strategy.model
-        # the one setup where compiling DDP's call traces DDP's code
-        if wrapper is not None and surface.ddp_uses_python_reducer(wrapper) and (self.enabled or self.input_defaults):
-            self._compile_wrapper(run, wrapper, kwargs)
 
-    def _compile_wrapper(self, run: _CompileRun, wrapper: torch.nn.Module, kwargs: Mapping[str, Any]) -> None:
-        """Compiles DDP's call in place for training, as Fabric does, around the steps compiled on the module.
+    def _compile_wrapper(self, run: _CompileRun, wrapper: torch.nn.Module, kwargs: Mapping[str, Any]) -> bool:
+        """Compiles DDP's call in place to train, as Fabric does; ``False`` where the steps are compiled inside it.
 
         Only under DDP's python reducer (compiled autograd) is DDP's forward traced with the step: its ``_pre_forward``
         then runs compiled. Under its C++ reducer, DDP's own code runs as Python whatever compiles it, so the steps are
-        compiled, as everywhere else; and so does evaluation here, which DDP's call runs on the module's compiled steps.
+        compiled, as everywhere else. DDP wraps the model to fit only; fit's evaluation runs DDP's own call, into the
+        validation step compiled on the module.
 
         """
         if kwargs.get("fullgraph"):
             # DDP's forward breaks the graph at its inner module call: its steps are compiled inside it
             rank_zero_info("`fullgraph=True`: the steps are compiled inside the strategy's wrapper, not the wrapper.")
-            return
+            return False
         wrapper.compile(**kwargs)
         # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
         run.defer(wrapper.__dict__.pop, surface.COMPILED_CALL, None)
@@ -197,6 +202,11 @@ class _CompileConnector:
             return (compiled if trainer.training else own)(*args, **kwargs)
 
         setattr(wrapper, surface.COMPILED_CALL, call)
+        module = trainer.lightning_module
+        step = module.validation_step
+        if callable(step):  # `validation_step = None` turns the loop off
+            run.replace(module, "validation_step", run.wrap(torch.compile(step, **kwargs), step))
+        return True
 
     def teardown(self) -> None:
         """Ends the run in progress, if any: its features, what it compiled and its settings, then the claim."""

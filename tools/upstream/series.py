@@ -624,15 +624,15 @@ versions it is read on, so that a torch release that moves one changes one line.
 set, `ModelParallelStrategy` is accepted too (the later patches that compile under it check what
 they compile); a compiled model passed in without `use_compile` is checked as before. Where DDP runs
 its python reducer (`torch._dynamo.config.optimize_ddp = "python_reducer"`, which compiled autograd
-needs), the seam also compiles DDP's call in place to train, as Fabric does, around the steps
-compiled on the module, so that DDP's forward is traced with the training step and its
-`_pre_forward` runs compiled; evaluation runs DDP's own call on the compiled steps. Under DDP's C++
-reducer, DDP's own code runs as Python whatever compiles it, so only the steps are compiled there,
-as in the previous patches. The features' hooks run in the order of `compile_features.FEATURES`,
-which names the features of the later patches; a Lightning runs those whose modules it has, so each
-later patch adds its module alone. And at the end of every run that compiled, the code that runs
-share (torch's, Lightning's, the model's classes') whose entries the run grew past half of Dynamo's
-recompile limit is reset, so that a process that fits many models compiles every fit without
+needs), the seam compiles DDP's call in place instead, to train, as Fabric does, so that DDP's
+forward is traced with the training step and its `_pre_forward` runs compiled; fit's evaluation runs
+DDP's own call into the validation step compiled on the module. Under DDP's C++ reducer, DDP's own
+code runs as Python whatever compiles it, so only the steps are compiled there, as in the previous
+patches. The features' hooks run in the order of `compile_features.FEATURES`, which names the
+features of the later patches; a Lightning runs those whose modules it has, so each later patch adds
+its module alone. And at the end of every run that compiled, the code that runs share (torch's,
+Lightning's, the model's classes') whose entries the run grew past half of Dynamo's recompile limit
+is reset, so that a process that fits many models compiles every fit without
 `torch.compiler.reset()`; a function the user compiled keeps its entries (a compiled torch module or
 a compiled method of the model called with many shapes during the run does not: it compiles again
 after it). A distribution that turns features on for a compiled model passed in without
