@@ -16,7 +16,7 @@ rather than side by side halves the compile work on a 2-core machine, which is w
 while another job runs.
 
 The steady steps are measured interleaved: once every configuration has compiled and trained its first steps, its
-process waits, and the processes then take turns, one window of 3 steps each, round after round for about 12
+process waits, and the processes then take turns, one window of 3 steps each, round after round for about 10
 seconds (at least 5 rounds). Another job on the machine slows the configurations alike within a round, which lasts
 a fraction of a second, but not alike from one round to the next. So each configuration's ratio to eager is the
 median, over the rounds, of its window's median against eager's window median in the same round; and its steady
@@ -56,7 +56,7 @@ GPU_LINE = (
 #: Steps each configuration trains before the interleaved windows (its compile, then a few steady steps).
 WARMUP_STEPS = 5
 #: The interleaved windows: steps in each, and rounds of them (at least, at most, and for about how long).
-WINDOW, MIN_ROUNDS, MAX_ROUNDS, STEADY_S = 3, 5, 40, 12.0
+WINDOW, MIN_ROUNDS, MAX_ROUNDS, STEADY_S = 3, 5, 40, 10.0
 
 
 def _run_one(name: str, layers: int) -> dict[str, Any]:
@@ -153,8 +153,7 @@ class _Configuration:
         self.process.stdin.flush()
 
     def result(self) -> dict[str, Any]:
-        """The run's measurements, once it has been told to stop."""
-        self.tell("stop")
+        """The run's measurements, once it has been told to stop (all are told at once: they finish side by side)."""
         if self.process.wait() != 0:
             raise RuntimeError(f"{self.name} failed; its output: {Path(self.log.name).read_text()[-3000:]}")
         self.log.close()
@@ -165,8 +164,10 @@ class _Configuration:
 def run_interleaved(names: list[str], layers: int, workdir: Path) -> list[dict[str, Any]]:
     """The configurations compile one at a time (eager beside the first); then their steady windows take turns.
 
-    Every process starts at once and sets up (imports, the Trainer, DDP) while the one before it compiles: only the
-    first steps, the compile, wait their turn. ``names[0]`` is eager, which the others' windows are compared with.
+    Every process starts at once and sets up (imports, the Trainer, DDP); the first to compile starts as soon as it is
+    set up, and each of the others once the one before it has compiled. On a loaded machine the OS shares the CPU out
+    per runnable thread, so a demo that keeps its processes busy side by side gets more of it than one that waits.
+    ``names[0]`` is eager, which the others' windows are compared with.
     """
     started = time.perf_counter()
 
@@ -181,8 +182,6 @@ def run_interleaved(names: list[str], layers: int, workdir: Path) -> list[dict[s
     ]
     for configuration in configurations:
         configuration.wait()  # set up, and waiting before its first step
-    say("all set up; compiling one at a time")
-    for configuration in configurations:
         configuration.tell("go")
         if _compiles(configuration.name):
             configuration.wait()  # compiled, trained its first steps, and waiting
@@ -200,6 +199,8 @@ def run_interleaved(names: list[str], layers: int, workdir: Path) -> list[dict[s
             configuration.windows.append(statistics.median(configuration.wait()))
         rounds += 1
     say(f"measured: {rounds} rounds")
+    for configuration in configurations:
+        configuration.tell("stop")
     return [configuration.result() for configuration in configurations]
 
 

@@ -54,15 +54,16 @@ class _Fallback(_CompileFeature):
         if self.fallback != "eager":
             return compiled
 
+        # DDP's own call (compiled under its python reducer) runs the step through Lightning's forward redirection,
+        # which puts its `wrapped_forward` on the module for the call: the part that ran before an error may have taken
+        # it off already, and the call run again must find it there
+        module = run.trainer.lightning_module
+        wrapper = run.trainer.strategy.model
+        wrapper_call = wrapper is not None and original == surface.module_call(wrapper)
+
         def call(*args: Any, **kwargs: Any) -> Any:
             if run.fell_back:
                 return original(*args, **kwargs)
-            # DDP's own call (compiled under its python reducer) runs the step through Lightning's forward redirection,
-            # which has put its `wrapped_forward` on the module: the part that ran before the error may have taken it
-            # off already
-            module = run.trainer.lightning_module
-            wrapper = run.trainer.strategy.model
-            wrapper_call = wrapper is not None and original == surface.module_call(wrapper)
             redirected = module.__dict__.get("forward") if wrapper_call else None
 
             def redirect() -> None:
