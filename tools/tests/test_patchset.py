@@ -336,6 +336,57 @@ def test_each_earlier_rung_file_is_one_a_patch_takes_and_differs_from_the_packag
     assert "use_compile" in patchset.fixed_source(reapply_fix)
 
 
+#: The functions an earlier rung defines otherwise than the package, and why. Every other function a rung file shares
+#: with the package must be the package's, so that a fix made in the package is made in the rung too.
+RUNG_DIFFERENCES = {
+    "reapply/lightning_fixes.py": {"_verify_strategy_can_compile": "its message names no `use_compile`"},
+    "reapply/compile_connector.py": {
+        "_CompileConnector.__init__": "no argument: nothing parsed, nothing to undo",
+        "_CompileConnector.unwrap": "keeps a compiled model's arguments only",
+        "_CompileConnector.compile": "re-applies a compiled model's compile, with no seam",
+    },
+    "use_compile/compile_connector.py": {
+        "_CompileConnector.__init__": "no features",
+        "_CompileConnector.verify_strategy": "no features to verify",
+        "_CompileConnector.unwrap": "no features",
+        "_CompileConnector.compile": "no seam: compiles the steps, with no feature hooks",
+        "_CompileConnector.teardown": "its own undo list, not the run's",
+        "_parse_use_compile": "torch's keys only, no feature keys",
+        "_check_compile_kwargs": "the seam rung adds the checks of arguments newer torch versions take unchecked",
+    },
+}
+
+
+def _functions(path: Path) -> dict[str, str]:
+    """Each function of a module, by qualified name (``Class.method``), as its syntax tree."""
+    functions: dict[str, str] = {}
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef):
+                functions[prefix + node.name] = ast.dump(node)
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, f"{prefix}{node.name}.")
+
+    visit(ast.parse(path.read_text()).body, "")
+    return functions
+
+
+def test_each_function_an_earlier_rung_shares_with_the_package_is_the_packages_unless_declared():
+    found: dict[str, dict[str, str]] = {}
+    for path in sorted(patchset.RUNGS.rglob("*.py")):
+        rung_file = path.relative_to(patchset.RUNGS).as_posix()
+        ours = _functions(patchset.PACKAGE_DIR / Path(rung_file).relative_to(Path(rung_file).parts[0]))
+        theirs = _functions(path)
+        differ = {name for name in theirs if name in ours and theirs[name] != ours[name]}
+        assert differ == set(RUNG_DIFFERENCES.get(rung_file, {})), (
+            f"{rung_file}: functions that differ from the package's without a reason in RUNG_DIFFERENCES, or declared"
+            " but now equal; make the package's fix in the rung too, or declare why the rung differs"
+        )
+        found[rung_file] = {name for name in theirs if name in ours and theirs[name] == ours[name]}
+    assert found["use_compile/compile_connector.py"], "the use_compile rung shares functions with the package"
+
+
 def test_the_seam_runs_one_way_the_connector_imports_the_features_and_no_feature_imports_the_connector():
     for module in patchset.UPSTREAM_MODULES:
         if module.startswith("compile_features"):
