@@ -164,10 +164,11 @@ class _Configuration:
 def run_interleaved(names: list[str], layers: int, workdir: Path) -> list[dict[str, Any]]:
     """The configurations compile one at a time (eager beside the first); then their steady windows take turns.
 
-    Every process starts at once and sets up (imports, the Trainer, DDP); the first to compile starts as soon as it is
-    set up, and each of the others once the one before it has compiled. On a loaded machine the OS shares the CPU out
-    per runnable thread, so a demo that keeps its processes busy side by side gets more of it than one that waits.
-    ``names[0]`` is eager, which the others' windows are compared with.
+    The first to compile starts alone: once it is set up (imports, the Trainer, DDP), the modules it imported are
+    byte-compiled, and the others start and set up beside its compile (in a fresh environment, three processes
+    importing torch at once would each byte-compile it). Each of the others compiles once the one before it has. On a
+    loaded machine the OS shares the CPU out per runnable thread, so a demo that keeps its processes busy side by side
+    gets more of it than one that waits. ``names[0]`` is eager, which the others' windows are compared with.
     """
     started = time.perf_counter()
 
@@ -175,13 +176,14 @@ def run_interleaved(names: list[str], layers: int, workdir: Path) -> list[dict[s
         print(f"--- {text} ({time.perf_counter() - started:.0f} s)", flush=True)
 
     order = sorted(names, key=COMPILE_ORDER.index)
-    # one that compiles after a compiled one finds that one's kernels in the cache
-    configurations = [
-        _Configuration(name, layers, workdir, warm=any(_compiles(before) for before in order[:i]))
-        for i, name in enumerate(order)
-    ]
+    first = next(name for name in order if _compiles(name))
+    configurations = [_Configuration(first, layers, workdir, warm=False)]
+    configurations[0].wait()  # set up, and waiting before its first step
+    # every compile after the first finds the first's kernels in the cache
+    configurations += [_Configuration(name, layers, workdir, warm=_compiles(name)) for name in order if name != first]
     for configuration in configurations:
-        configuration.wait()  # set up, and waiting before its first step
+        if configuration is not configurations[0]:
+            configuration.wait()  # set up
         configuration.tell("go")
         if _compiles(configuration.name):
             configuration.wait()  # compiled, trained its first steps, and waiting
