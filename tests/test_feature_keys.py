@@ -102,4 +102,7 @@ def test_each_feature_module_is_named_after_a_key_it_owns_and_listed_once_in_hoo
     assert sorted(features.FEATURES) == modules  # a module left out of the list would never run
     assert len(set(features.FEATURES)) == len(features.FEATURES)
     for name in features.FEATURES:
-        assert name in importlib.import_module(f"{features.__name__}.{name}").FEATURE.keys, name
+        feature = importlib.import_module(f"{features.__name__}.{name}").FEATURE
+        assert name in feature.keys, name
+        # and its class too: `stage_guards.py` holds `_StageGuards`, `optimize_ddp.py` `_OptimizeDDP`
+        assert feature.__name__.lower() == "_" + name.replace("_", ""), (name, feature.__name__)

@@ -6,7 +6,7 @@ for what the feature does with it, with the versions it is read on. These tests 
 do, on the torch they run on: CI runs this file on 2.13.0 (``tests``), 2.6.0 and 2.15.0 (``tests_torch``), and
 ``tools/tests/test_patchset.py`` checks that the module goes upstream with the seam. A new entry without a test here
 fails ``test_every_entry_is_exercised``; a private name read anywhere else, unless ``ALLOWED_OUTSIDE`` lists it with its
-reason, fails ``test_no_module_reaches_a_private_name_but_through_the_surface``.
+reason, fails ``test_no_module_reaches_a_private_name_but_through_private_names``.
 
 """
 
@@ -27,9 +27,9 @@ from torch import nn
 
 from helpers import TORCH_2_7, TORCH_2_13, lightning_side
 
-surface = lightning_side("_private_names")
+private = lightning_side("_private_names")
 #: The modules of the change: the package's, or on a patched Lightning the connector and the feature modules.
-FEATURES_DIR = Path(surface.__file__).parent
+FEATURES_DIR = Path(private.__file__).parent
 SOURCES = (
     list(FEATURES_DIR.parent.rglob("*.py"))
     if FEATURES_DIR.parent.name == "lightning_compile_patch"
@@ -37,7 +37,7 @@ SOURCES = (
 )
 TORCH_2_6 = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 6)
 
-#: The private names used outside the surface, by file, and why. The core rungs (the connector's re-apply and
+#: The private names used outside `_private_names`, by file, and why. The core rungs (the connector's re-apply and
 #: `use_compile`, and the fixes of Lightning's functions) are Lightning's own code: they use Lightning's private names,
 #: and `OptimizedModule` (torch has no public name for what `torch.compile` returns), as Lightning's
 #: `utilities/compile.py` does.
@@ -56,7 +56,7 @@ EXERCISED: set[str] = set()
 
 
 def exercises(*entries: str):
-    """Marks a test as the one that calls ``entries`` of the surface."""
+    """Marks a test as the one that calls ``entries`` of `_private_names`."""
     EXERCISED.update(entries)
     return lambda test: test
 
@@ -108,9 +108,9 @@ def private_names(tree: ast.Module, defined: set[str], own_modules: tuple[str, .
     return found
 
 
-def test_no_module_reaches_a_private_name_but_through_the_surface():
-    """torch's, Lightning's and CPython's private names are read in the surface only, so that a release that moves one
-    changes one entry there; the exceptions are listed, each with its reason, in ``ALLOWED_OUTSIDE``."""
+def test_no_module_reaches_a_private_name_but_through_private_names():
+    """torch's, Lightning's and CPython's private names are read in `_private_names` only, so that a release that
+    moves one changes one entry there; the exceptions are listed, each with its reason, in ``ALLOWED_OUTSIDE``."""
     trees = {path: ast.parse(path.read_text()) for path in SOURCES}
     defined = _defined(list(trees.values()))
     own_modules = ("lightning_compile_patch", "lightning.pytorch.trainer.connectors.compile")
@@ -149,13 +149,13 @@ value = self._own + _unwrap_compiled(x)
 def test_every_entry_is_exercised():
     entries = {
         name
-        for name, value in vars(surface).items()
-        if (inspect.isfunction(value) and value.__module__ == surface.__name__ and not name.startswith("_"))
+        for name, value in vars(private).items()
+        if (inspect.isfunction(value) and value.__module__ == private.__name__ and not name.startswith("_"))
         or (name.isupper() and not name.startswith("_"))
         or name.endswith("_config")
     }
     assert len(entries) > 20
-    assert entries - EXERCISED == set(), "each entry of the surface needs a test here that calls it"
+    assert entries - EXERCISED == set(), "each entry of `_private_names` needs a test here that calls it"
 
 
 def compiled_once(fn, *args):
@@ -166,23 +166,23 @@ def compiled_once(fn, *args):
 
 @exercises("dynamo_config", "functorch_config", "inductor_config")
 def test_the_settings_the_features_change_are_there():
-    assert surface.dynamo_config.optimize_ddp in (True, False, "ddp_optimizer", "python_reducer", "no_optimization")
-    assert isinstance(surface.dynamo_config.suppress_errors, bool)
+    assert private.dynamo_config.optimize_ddp in (True, False, "ddp_optimizer", "python_reducer", "no_optimization")
+    assert isinstance(private.dynamo_config.suppress_errors, bool)
     if TORCH_2_13:
-        assert isinstance(surface.functorch_config.force_non_lazy_backward_lowering, bool)
+        assert isinstance(private.functorch_config.force_non_lazy_backward_lowering, bool)
     if TORCH_2_6:  # what building a DDP under the python reducer sets
-        assert hasattr(surface.inductor_config, "_fuse_ddp_communication")
-        assert hasattr(surface.inductor_config, "_fuse_ddp_bucket_size")
+        assert hasattr(private.inductor_config, "_fuse_ddp_communication")
+        assert hasattr(private.inductor_config, "_fuse_ddp_bucket_size")
 
 
 @exercises("RECOMPILE_LIMIT", "recompile_limit", "errors_suppressed", "NON_LAZY_BACKWARD")
 def test_the_settings_read_are_read_from_dynamo():
-    name = surface.RECOMPILE_LIMIT
+    name = private.RECOMPILE_LIMIT
     assert name == ("recompile_limit" if TORCH_2_7 else "cache_size_limit")
-    with torch._dynamo.config.patch(**{surface.RECOMPILE_LIMIT: 3}, suppress_errors=True):
-        assert surface.recompile_limit() == 3
-        assert surface.errors_suppressed() is True
-    assert surface.NON_LAZY_BACKWARD is TORCH_2_13
+    with torch._dynamo.config.patch(**{private.RECOMPILE_LIMIT: 3}, suppress_errors=True):
+        assert private.recompile_limit() == 3
+        assert private.errors_suppressed() is True
+    assert private.NON_LAZY_BACKWARD is TORCH_2_13
 
 
 @exercises("RECOMPILE_LIMIT_LOGGER", "is_recompile_limit_hit", "FRAME_IN_MESSAGE")
@@ -197,19 +197,19 @@ def test_a_recompile_limit_hit_is_told_on_the_logger_in_words_the_surface_knows(
     def f(x, n):
         return x + n
 
-    logger, keep = logging.getLogger(surface.RECOMPILE_LIMIT_LOGGER), Keep()
+    logger, keep = logging.getLogger(private.RECOMPILE_LIMIT_LOGGER), Keep()
     logger.addFilter(keep)
     try:
-        with torch._dynamo.config.patch(**{surface.RECOMPILE_LIMIT: 2}):
+        with torch._dynamo.config.patch(**{private.RECOMPILE_LIMIT: 2}):
             compiled = torch.compile(f, backend="eager", dynamic=False)
             for n in range(4):
                 compiled(torch.ones(2), n)
     finally:
         logger.removeFilter(keep)
-    hits = [message for message in records if surface.is_recompile_limit_hit(message)]
+    hits = [message for message in records if private.is_recompile_limit_hit(message)]
     assert hits, records
-    assert not surface.is_recompile_limit_hit("hit a graph break")
-    named = [found for message in hits if (found := surface.FRAME_IN_MESSAGE.search(message))]
+    assert not private.is_recompile_limit_hit("hit a graph break")
+    named = [found for message in hits if (found := private.FRAME_IN_MESSAGE.search(message))]
     assert (named[0]["name"], named[0]["file"], int(named[0]["line"])) == ("f", __file__, f.__code__.co_firstlineno)
 
 
@@ -220,10 +220,10 @@ def test_the_counters_count_graphs_and_graph_breaks_by_reason():
         torch._dynamo.graph_break()
         return x + 1
 
-    graphs, breaks = surface.graphs_compiled(), surface.graph_breaks()
+    graphs, breaks = private.graphs_compiled(), private.graph_breaks()
     compiled_once(f)
-    assert surface.graphs_compiled() - graphs == 2
-    after = surface.graph_breaks()
+    assert private.graphs_compiled() - graphs == 2
+    after = private.graph_breaks()
     assert sum(after.values()) - sum(breaks.values()) == 1
     assert all(isinstance(reason, str) for reason in after)
 
@@ -233,15 +233,15 @@ def test_compilation_metrics_name_each_frame_and_when_it_was_compiled():
     def f(x):
         return x * 3
 
-    since_us = surface.started_us(surface.compilation_metrics()[-1]) if surface.compilation_metrics() else 0
+    since_us = private.started_us(private.compilation_metrics()[-1]) if private.compilation_metrics() else 0
     compiled_once(f)
-    (metrics,) = [m for m in surface.compilation_metrics() if m.co_name == "f" and surface.started_us(m) >= since_us]
+    (metrics,) = [m for m in private.compilation_metrics() if m.co_name == "f" and private.started_us(m) >= since_us]
     assert (metrics.co_filename, metrics.co_firstlineno) == (__file__, f.__code__.co_firstlineno)
-    assert surface.started_us(metrics) > 1e15  # microseconds since the epoch
+    assert private.started_us(metrics) > 1e15  # microseconds since the epoch
     assert not metrics.fail_type
 
 
-@pytest.mark.skipif(not surface.GRAPHLESS_FRAMES_TOLD, reason="2.6 records a frame skipped in a loop as no failure")
+@pytest.mark.skipif(not private.GRAPHLESS_FRAMES_TOLD, reason="2.6 records a frame skipped in a loop as no failure")
 @exercises("compilation_metrics", "GRAPHLESS_FRAMES_TOLD")
 def test_compilation_metrics_give_dynamos_reason_for_a_skipped_frame():
     def f(x):
@@ -251,7 +251,7 @@ def test_compilation_metrics_give_dynamos_reason_for_a_skipped_frame():
         return x
 
     compiled_once(f)
-    (metrics,) = [m for m in surface.compilation_metrics() if m.co_name == "f" and m.fail_type]
+    (metrics,) = [m for m in private.compilation_metrics() if m.co_name == "f" and m.fail_type]
     assert "loop" in metrics.fail_reason.lower()  # the cause the summary reads
 
 
@@ -268,35 +268,35 @@ def test_the_frames_compiled_since_a_time_are_found_newest_first_and_the_failed_
         return x * 2
 
     compiled_once(compiled)
-    since_us = surface.started_us(surface.compilation_metrics()[-1]) + 1
-    assert surface.failed_codes(since_us) == []
+    since_us = private.started_us(private.compilation_metrics()[-1]) + 1
+    assert private.failed_codes(since_us) == []
     compiled_once(skipped)
     compiled_once(lambda x: x - 1)
-    recent = surface.compiles_since(since_us)
+    recent = private.compiles_since(since_us)
     assert [m.co_name for m in recent] == ["<lambda>", "skipped"]  # newest first, and nothing before `since_us`
-    assert surface.frame_key(recent[1]) == surface.frame_key(skipped.__code__)
-    assert surface.failed_codes(since_us) == [skipped.__code__]
+    assert private.frame_key(recent[1]) == private.frame_key(skipped.__code__)
+    assert private.failed_codes(since_us) == [skipped.__code__]
 
 
 @exercises("converted_codes", "cache_entries", "reset_code", "per_code_reset")
 def test_each_converted_code_is_listed_and_can_be_reset():
-    assert surface.per_code_reset()
+    assert private.per_code_reset()
 
     def f(x):
         return x - 1
 
-    before = len(surface.converted_codes())
+    before = len(private.converted_codes())
     compiled_once(f)
-    assert f.__code__ in [ref() for ref in surface.converted_codes()[before:]]
-    assert surface.cache_entries(f.__code__) == 1
-    surface.reset_code(f.__code__)
-    assert surface.cache_entries(f.__code__) == 0
+    assert f.__code__ in [ref() for ref in private.converted_codes()[before:]]
+    assert private.cache_entries(f.__code__) == 1
+    private.reset_code(f.__code__)
+    assert private.cache_entries(f.__code__) == 0
 
 
 @pytest.mark.parametrize("name", ["_debug_get_cache_entry_list", "reset_code"])
 def test_without_either_private_name_there_is_no_per_code_reset(monkeypatch, name):
     monkeypatch.delattr(torch._C._dynamo.eval_frame, name)
-    assert not surface.per_code_reset()
+    assert not private.per_code_reset()
 
 
 @exercises("skip_code")
@@ -304,13 +304,13 @@ def test_a_skipped_code_runs_uncompiled_as_a_frame_of_its_own_and_reset_lets_it_
     def inner(x):
         return x * 2
 
-    surface.skip_code(inner.__code__)
+    private.skip_code(inner.__code__)
     compiled_once(inner)
-    assert surface.cache_entries(inner.__code__) == 0
-    surface.reset_code(inner.__code__)
+    assert private.cache_entries(inner.__code__) == 0
+    private.reset_code(inner.__code__)
     compiled_once(inner)
-    assert surface.cache_entries(inner.__code__) == 1
-    surface.reset_code(inner.__code__)
+    assert private.cache_entries(inner.__code__) == 1
+    private.reset_code(inner.__code__)
 
 
 @exercises("backend", "OUTPUT_CODES")
@@ -318,11 +318,11 @@ def test_a_wrapped_backend_compiles_and_its_graphs_run_from_dynamos_output_code(
     ran_from_output_code = []
 
     def counting(gm, example_inputs):
-        inner = surface.backend("eager", None, None, None)(gm, example_inputs)
+        inner = private.backend("eager", None, None, None)(gm, example_inputs)
 
         def run(*args):
             frames = [sys._getframe(depth).f_code for depth in range(1, 6)]
-            ran_from_output_code.append(any(code in surface.OUTPUT_CODES for code in frames))
+            ran_from_output_code.append(any(code in private.OUTPUT_CODES for code in frames))
             return inner(*args)
 
         return run
@@ -332,7 +332,7 @@ def test_a_wrapped_backend_compiles_and_its_graphs_run_from_dynamos_output_code(
 
     assert torch.equal(torch.compile(f, backend=counting)(torch.ones(2)), f(torch.ones(2)))
     assert ran_from_output_code == [True]
-    assert callable(surface.backend(None, None, None, None))  # inductor's, built lazily
+    assert callable(private.backend(None, None, None, None))  # inductor's, built lazily
 
 
 @exercises("COMPILE_ERRORS", "DYNAMO_DIR")
@@ -341,11 +341,11 @@ def test_a_failed_compile_raises_one_of_dynamos_errors_from_dynamos_own_code():
         torch._dynamo.graph_break()
         return x
 
-    with pytest.raises(surface.COMPILE_ERRORS) as raised:
+    with pytest.raises(private.COMPILE_ERRORS) as raised:
         torch.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
-    assert os.path.isfile(os.path.join(surface.DYNAMO_DIR, "convert_frame.py"))
+    assert os.path.isfile(os.path.join(private.DYNAMO_DIR, "convert_frame.py"))
     frames = traceback.extract_tb(raised.value.__traceback__)
-    assert any(frame.filename.startswith(surface.DYNAMO_DIR) for frame in frames)
+    assert any(frame.filename.startswith(private.DYNAMO_DIR) for frame in frames)
 
 
 @exercises("compiler_disabled")
@@ -353,10 +353,10 @@ def test_a_function_marked_compiler_disable_is_told_with_its_reason():
     def f(x):
         return x
 
-    assert surface.compiler_disabled(f) is None
-    assert surface.compiler_disabled(torch.compiler.disable(f)) == ""
+    assert private.compiler_disabled(f) is None
+    assert private.compiler_disabled(torch.compiler.disable(f)) == ""
     if TORCH_2_7:  # `reason` is torch 2.7's
-        assert surface.compiler_disabled(torch.compiler.disable(f, reason="a reason")) == "a reason"
+        assert private.compiler_disabled(torch.compiler.disable(f, reason="a reason")) == "a reason"
 
 
 @exercises("BACKEND_FAILED")
@@ -364,7 +364,7 @@ def test_a_backend_that_raises_fails_the_compile_with_dynamos_backend_error():
     def exploding(gm, example_inputs):
         raise RuntimeError("backend exploded")
 
-    with pytest.raises(surface.BACKEND_FAILED, match="backend exploded"):
+    with pytest.raises(private.BACKEND_FAILED, match="backend exploded"):
         torch.compile(lambda x: torch.sin(x) + 1, backend=exploding)(torch.ones(2))
 
 
@@ -373,7 +373,7 @@ def test_a_type_error_of_a_builtin_dynamo_evaluates_reaches_the_caller_wrapped_b
     def f(x):
         return isinstance(x, list[int])  # raises TypeError, while Dynamo evaluates it
 
-    with pytest.raises(surface.WRAPPING_ERRORS) as raised:
+    with pytest.raises(private.WRAPPING_ERRORS) as raised:
         torch.compile(f, backend="eager")(torch.ones(2))
     error = raised.value
     chain = []
@@ -388,13 +388,13 @@ def test_a_type_error_of_a_builtin_dynamo_evaluates_reaches_the_caller_wrapped_b
 @pytest.mark.skipif(not TORCH_2_6, reason="compiled autograd's switch is read on torch 2.6-2.14")
 @exercises("compiled_autograd_switch", "backward_graphs_compiled")
 def test_compiled_autograd_captures_the_backward_while_switched_on():
-    switch = surface.compiled_autograd_switch()
+    switch = private.compiled_autograd_switch()
     assert switch is not None
     layer = nn.Linear(3, 1)
-    before = surface.backward_graphs_compiled()
+    before = private.backward_graphs_compiled()
     with switch(torch.compile(backend="eager")):
         layer(torch.ones(2, 3)).sum().backward()
-    assert surface.backward_graphs_compiled() - before == 1
+    assert private.backward_graphs_compiled() - before == 1
     assert layer.weight.grad is not None
 
 
@@ -407,24 +407,24 @@ def test_ddp_built_under_the_python_reducer_is_told_synced_and_undone(tmp_path):
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        traced_before = surface.ddp_file_traced()
+        traced_before = private.ddp_file_traced()
         plain = nn.parallel.DistributedDataParallel(nn.BatchNorm1d(2))
-        assert not surface.ddp_uses_python_reducer(plain)
-        assert not surface.ddp_uses_python_reducer(nn.BatchNorm1d(2))  # no DDP at all
+        assert not private.ddp_uses_python_reducer(plain)
+        assert not private.ddp_uses_python_reducer(nn.BatchNorm1d(2))  # no DDP at all
         # building DDP under the python reducer sets inductor's DDP fusion for the process: the patch puts it back
-        fusion = {name: getattr(surface.inductor_config, name) for name in surface.INDUCTOR_DDP_SETTINGS}
-        with torch._dynamo.config.patch(optimize_ddp="python_reducer"), surface.inductor_config.patch(fusion):
+        fusion = {name: getattr(private.inductor_config, name) for name in private.INDUCTOR_DDP_SETTINGS}
+        with torch._dynamo.config.patch(optimize_ddp="python_reducer"), private.inductor_config.patch(fusion):
             wrapper = nn.parallel.DistributedDataParallel(nn.BatchNorm1d(2))
-        assert surface.ddp_uses_python_reducer(wrapper)
-        assert surface.ddp_file_traced()
+        assert private.ddp_uses_python_reducer(wrapper)
+        assert private.ddp_file_traced()
         for before in (True, False):
-            surface.sync_ddp_buffers(wrapper, before=before)  # one rank: a broadcast to itself
+            private.sync_ddp_buffers(wrapper, before=before)  # one rank: a broadcast to itself
         assert wrapper._accum_grad_hooks
-        surface.remove_reducer_hooks(wrapper)
+        private.remove_reducer_hooks(wrapper)
         assert not wrapper._accum_grad_hooks
         if not traced_before:
-            surface.stop_tracing_ddp_file()
-            assert not surface.ddp_file_traced()
+            private.stop_tracing_ddp_file()
+            assert not private.ddp_file_traced()
     finally:
         dist.destroy_process_group()
 
@@ -432,19 +432,19 @@ def test_ddp_built_under_the_python_reducer_is_told_synced_and_undone(tmp_path):
 @pytest.mark.skipif(not TORCH_2_7, reason="inductor's default cache directory is read on torch 2.7-2.14")
 @exercises("inductor_default_cache_dir")
 def test_inductors_default_cache_directory_is_a_path():
-    assert os.path.isabs(surface.inductor_default_cache_dir())
+    assert os.path.isabs(private.inductor_default_cache_dir())
 
 
 @exercises("COMPILED_CALL", "compiled_call", "module_call")
 def test_a_module_compiled_in_place_runs_its_compiled_call_in_place_of_its_own():
     module = nn.Linear(2, 2)
-    assert surface.compiled_call(module) is None
-    own = surface.module_call(module)
+    assert private.compiled_call(module) is None
+    own = private.module_call(module)
     assert own.__func__ is nn.Module._call_impl  # hooks, then `forward`
     module.compile(backend="eager")
-    assert surface.compiled_call(module) is getattr(module, surface.COMPILED_CALL)
+    assert private.compiled_call(module) is getattr(module, private.COMPILED_CALL)
     calls = []
-    setattr(module, surface.COMPILED_CALL, lambda *args: calls.append(args) or own(*args))
+    setattr(module, private.COMPILED_CALL, lambda *args: calls.append(args) or own(*args))
     module(torch.ones(1, 2))
     assert len(calls) == 1  # `__call__` ran what the attribute holds
 
@@ -458,11 +458,11 @@ def test_a_module_parallelize_module_hooked_is_told(tmp_path):
     if dist.is_initialized():
         pytest.skip("a process group is already up in this process")
     module = nn.Linear(2, 2)
-    assert not surface.tensor_parallel_hooks(module)
+    assert not private.tensor_parallel_hooks(module)
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         distribute_module(module, init_device_mesh("cpu", (1,)))
-        assert surface.tensor_parallel_hooks(module)
+        assert private.tensor_parallel_hooks(module)
     finally:
         dist.destroy_process_group()
 
@@ -473,7 +473,7 @@ def test_a_wrapped_graph_is_called_as_the_backend_compiled_it():
 
     def counting(gm, example_inputs):
         compiled = torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
-        return surface.run_like(lambda *args: calls.append(1) or compiled(*args), compiled)
+        return private.run_like(lambda *args: calls.append(1) or compiled(*args), compiled)
 
     fn = torch.compile(lambda x: torch.sin(x) + 1, backend=counting)
     assert torch.equal(
@@ -487,16 +487,16 @@ def test_the_function_a_wrapper_stands_for_is_found():
     def step(x):
         return x
 
-    assert surface.wrapped_function(step) is None
-    assert surface.wrapped_function(torch.compiler.disable(step)) is step
-    assert surface.wrapped_function(torch.compile(step, backend="eager")) is step
-    assert surface.wrapped_function(functools.partial(step, 1)) is step
+    assert private.wrapped_function(step) is None
+    assert private.wrapped_function(torch.compiler.disable(step)) is step
+    assert private.wrapped_function(torch.compile(step, backend="eager")) is step
+    assert private.wrapped_function(functools.partial(step, 1)) is step
 
 
 @exercises("calling_frame")
 def test_the_calling_frame_is_the_callers_caller():
     def graph():
-        return surface.calling_frame()
+        return private.calling_frame()
 
     def caller():
         return graph()
@@ -513,12 +513,12 @@ def test_the_code_dynamo_resumes_a_function_with_after_a_graph_break_names_it():
 
     torch._dynamo.reset()
     torch.compile(step, backend="eager")(torch.ones(2))
-    names = [ref().co_name for ref in surface.converted_codes() if ref() is not None]
-    resumed = [name for name in names if surface.resumed_function(name) is not None]
+    names = [ref().co_name for ref in private.converted_codes() if ref() is not None]
+    resumed = [name for name in names if private.resumed_function(name) is not None]
     assert resumed, names
-    assert {surface.resumed_function(name) for name in resumed} == {"step"}
-    assert surface.RESUME_FUNCTION.fullmatch(resumed[0])["line"].isdigit()
-    assert surface.resumed_function("step") is None
+    assert {private.resumed_function(name) for name in resumed} == {"step"}
+    assert private.RESUME_FUNCTION.fullmatch(resumed[0])["line"].isdigit()
+    assert private.resumed_function("step") is None
 
 
 @exercises("lightning_optimizers", "ddp_options", "forward_redirection")
@@ -531,18 +531,18 @@ def test_lightnings_objects_are_read_where_it_has_no_public_accessor():
     trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     model = BoringModel()
     trainer.fit(model)
-    [optimizer] = surface.lightning_optimizers(trainer.strategy)
+    [optimizer] = private.lightning_optimizers(trainer.strategy)
     assert isinstance(optimizer, LightningOptimizer)
     assert optimizer.optimizer is trainer.optimizers[0]
     hook = lambda state, bucket: None  # noqa: E731
     strategy = DDPStrategy(find_unused_parameters=True, ddp_comm_hook=hook)
-    assert surface.ddp_options(strategy) == ({"find_unused_parameters": True}, hook)
-    assert surface.forward_redirection(trainer.strategy) is not None
+    assert private.ddp_options(strategy) == ({"find_unused_parameters": True}, hook)
+    assert private.forward_redirection(trainer.strategy) is not None
 
 
 @exercises("TORCH_BREAKS")
 def test_torchs_own_graph_breaks_are_named_by_texts_of_dynamos_reasons():
-    assert set(surface.TORCH_BREAKS.values()) == {"DDP", "FSDP"}
+    assert set(private.TORCH_BREAKS.values()) == {"DDP", "FSDP"}
     from torch.nn.parallel import distributed
 
     assert hasattr(distributed, "_inside_ddp_forward") or hasattr(
@@ -559,10 +559,14 @@ def test_dynamos_per_code_state_is_changed_by_the_run_alone():
     for path in SOURCES:
         for node in ast.walk(ast.parse(path.read_text())):
             call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            if call and node.func.attr in ("reset_code", "skip_code") and ast.unparse(node.func.value) == "surface":
+            if (
+                call
+                and node.func.attr in ("reset_code", "skip_code")
+                and ast.unparse(node.func.value) == "private_names"
+            ):
                 changed.setdefault(path.name, []).append(ast.unparse(node))
     assert set(changed) == {"_run.py", "in_parts.py"}, changed
-    assert changed["in_parts.py"] == ["surface.skip_code(_part_forward(nn.Module).__code__)"]
+    assert changed["in_parts.py"] == ["private_names.skip_code(_part_forward(nn.Module).__code__)"]
 
 
 @exercises("CHAINED_BREAK")
@@ -571,16 +575,16 @@ def test_the_text_between_chained_graph_breaks_is_dynamos():
 
     from torch._dynamo import exc
 
-    assert (surface.CHAINED_BREAK in inspect_module.getsource(exc)) is TORCH_2_13  # checked on 2.6, 2.13 and 2.15
+    assert (private.CHAINED_BREAK in inspect_module.getsource(exc)) is TORCH_2_13  # checked on 2.6, 2.13 and 2.15
 
 
 @exercises("TRAINER_LOOP_SOURCES", "DYNAMIC_SOURCES_MATCH_PATTERNS")
 def test_the_trainers_loop_counters_are_named_as_dynamo_names_their_sources():
     from lightning.pytorch import LightningModule
 
-    assert re.fullmatch(surface.TRAINER_LOOP_SOURCES, "L['self']._trainer.fit_loop.epoch_progress.current.completed")
-    assert not re.fullmatch(surface.TRAINER_LOOP_SOURCES, "L['self'].layer.weight")
+    assert re.fullmatch(private.TRAINER_LOOP_SOURCES, "L['self']._trainer.fit_loop.epoch_progress.current.completed")
+    assert not re.fullmatch(private.TRAINER_LOOP_SOURCES, "L['self'].layer.weight")
     assert "_trainer" in vars(LightningModule())  # Lightning's own attribute, which the sources go through
-    assert surface.DYNAMIC_SOURCES_MATCH_PATTERNS is (torch.__version__ >= "2.8")
-    if surface.DYNAMIC_SOURCES_MATCH_PATTERNS:
+    assert private.DYNAMIC_SOURCES_MATCH_PATTERNS is (torch.__version__ >= "2.8")
+    if private.DYNAMIC_SOURCES_MATCH_PATTERNS:
         assert isinstance(torch.compiler.config.dynamic_sources, str)

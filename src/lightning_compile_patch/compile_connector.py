@@ -37,7 +37,7 @@ from lightning_compile_patch.compile_features import (
     _feature_classes,
     _Frozen,
 )
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 _USE_COMPILE = Optional[Union[bool, dict[str, Any]]]
@@ -162,7 +162,8 @@ class _CompileConnector:
         wrapper = self.trainer.strategy.model
         if (
             wrapper is not None
-            and surface.ddp_uses_python_reducer(wrapper)  # the one setup where compiling DDP's call traces DDP's code
+            # the one setup where compiling DDP's call traces DDP's code
+            and private_names.ddp_uses_python_reducer(wrapper)
             and (self.enabled or self.input_defaults)
             and self._compile_wrapper(run, wrapper, kwargs)
         ):
@@ -193,15 +194,15 @@ class _CompileConnector:
             return False
         wrapper.compile(**kwargs)
         # `nn.Module.compile` keeps the compiled call there, and torch has no public way to undo it
-        run.defer(wrapper.__dict__.pop, surface.COMPILED_CALL, None)
-        own = surface.module_call(wrapper)
-        compiled = run.wrap(cast(Callable, surface.compiled_call(wrapper)), own)
+        run.defer(wrapper.__dict__.pop, private_names.COMPILED_CALL, None)
+        own = private_names.module_call(wrapper)
+        compiled = run.wrap(cast(Callable, private_names.compiled_call(wrapper)), own)
         trainer = self.trainer
 
         def call(*args: Any, **kwargs: Any) -> Any:  # traced with the step to train; DDP's own call to evaluate
             return (compiled if trainer.training else own)(*args, **kwargs)
 
-        setattr(wrapper, surface.COMPILED_CALL, call)
+        setattr(wrapper, private_names.COMPILED_CALL, call)
         module = trainer.lightning_module
         step = module.validation_step
         if callable(step):  # `validation_step = None` turns the loop off

@@ -18,7 +18,7 @@ import torch
 
 import lightning.pytorch as pl
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 
 _Scope = Literal["compile", "run"]
 _ABSENT = object()
@@ -149,8 +149,8 @@ class _CompileRun:
         """Dynamo runs ``code`` uncompiled as a frame of its own until the end of ``scope``, and still inlines it into
         a traced caller: a feature's own replacement (logging), or a frame whose compile failed (``fallback``).
         """
-        surface.skip_code(code)
-        self.defer(surface.reset_code, code, scope=scope)
+        private_names.skip_code(code)
+        self.defer(private_names.reset_code, code, scope=scope)
 
     def reset(self, codes: Iterable[types.CodeType]) -> None:
         """Drops, now, what Dynamo keeps of each of ``codes``: its entries, its recompile count and its "skip" mark.
@@ -159,7 +159,7 @@ class _CompileRun:
 
         """
         for code in codes:
-            surface.reset_code(code)
+            private_names.reset_code(code)
 
     def reset_crowded_code_at_end(self, model: "pl.LightningModule") -> None:
         """When the run ends, resets the shared code whose entries it grew past half of Dynamo's recompile limit.
@@ -172,7 +172,7 @@ class _CompileRun:
         Fabric does: ``torch.compiler.reset()`` between fits.)
 
         """
-        limit = surface.recompile_limit()
+        limit = private_names.recompile_limit()
         # their folders, and the one above these modules': in Lightning, its own; in a distribution that runs them from
         # a folder of its own, that one (with its fixes of Lightning's code)
         ours = os.path.dirname(os.path.dirname(__file__))
@@ -187,19 +187,19 @@ class _CompileRun:
         names = {(code.co_filename, code.co_name) for code in own}
 
         def shared(code: types.CodeType) -> bool:
-            resumes = surface.resumed_function(code.co_name) or code.co_name  # after a graph break
+            resumes = private_names.resumed_function(code.co_name) or code.co_name  # after a graph break
             return code.co_filename.startswith(packages) or code in own or (code.co_filename, resumes) in names
 
         def entries() -> dict[int, tuple[Any, int]]:  # of the shared code Dynamo has converted
-            codes = [ref() for ref in surface.converted_codes()]
-            return {id(c): (c, surface.cache_entries(c)) for c in codes if c and shared(c)}
+            codes = [ref() for ref in private_names.converted_codes()]
+            return {id(c): (c, private_names.cache_entries(c)) for c in codes if c and shared(c)}
 
         before = {key: n for key, (_, n) in entries().items()}
 
         def reset() -> None:
             for key, (code, n) in entries().items():
                 if n > max(before.get(key, 0), limit // 2):
-                    surface.reset_code(code)  # its entries, its recompile count and its "skip" mark
+                    private_names.reset_code(code)  # its entries, its recompile count and its "skip" mark
 
         self.defer(reset, scope="run")
 

@@ -35,7 +35,7 @@ import torch
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 _MAGIC = b"LIGHTNING-COMPILE-CACHE 1\n"
@@ -143,7 +143,9 @@ def _warm_start(run: _CompileRun, cache: str, shared: bool = False) -> Callable[
 def _use_inductor_dir(run: _CompileRun, path: Path) -> None:
     """Points inductor's on-disk cache at ``path`` for the run, unless the user chose a directory."""
     previous = os.environ.get(_INDUCTOR_DIR_ENV)
-    if previous is not None and os.path.abspath(previous) != os.path.abspath(surface.inductor_default_cache_dir()):
+    if previous is not None and os.path.abspath(previous) != os.path.abspath(
+        private_names.inductor_default_cache_dir()
+    ):
         return  # set by the user (inductor sets it to its default on first use)
     run.setenv(_INDUCTOR_DIR_ENV, str(path), scope="run")
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The torch versions (major.minor) that tensor parallelism under ``use_compile`` was tested on, on CPU with gloo
@@ -38,7 +38,7 @@ def _check_tensor_parallel(module: nn.Module) -> None:
 
     """
     # `parallelize_module` (`distribute_module`) marks each module it put its hooks on
-    parallel = [name for name, sub in module.named_modules() if surface.tensor_parallel_hooks(sub)]
+    parallel = [name for name, sub in module.named_modules() if private_names.tensor_parallel_hooks(sub)]
     if not parallel:
         return
     if _torch_minor() not in _TENSOR_PARALLEL_TESTED_ON:
@@ -66,7 +66,7 @@ def _compiled_with_its_hooks(module: nn.Module, name: str) -> bool:
     """Whether the submodule ``name``, or one that holds it, is compiled in place (a region), its hooks with it."""
     parts = name.split(".")
     holders = (module.get_submodule(".".join(parts[:depth])) for depth in range(len(parts) + 1))
-    return any(surface.compiled_call(holder) is not None for holder in holders)
+    return any(private_names.compiled_call(holder) is not None for holder in holders)
 
 
 def _is_fully_sharded(module: nn.Module) -> bool:
@@ -91,7 +91,7 @@ def _vocabulary_parallel(module: nn.Module) -> bool:
     )
 
 
-class _TensorParallel(_CompileFeature):
+class _CheckTensorParallel(_CompileFeature):
     """Checks a model made tensor-parallel (in ``configure_model``) once the strategy has set it up."""
 
     keys = {"check_tensor_parallel": "True: refuse before the first step what tensor parallelism cannot compile whole"}
@@ -104,4 +104,4 @@ class _TensorParallel(_CompileFeature):
         return {}
 
 
-FEATURE = _TensorParallel
+FEATURE = _CheckTensorParallel

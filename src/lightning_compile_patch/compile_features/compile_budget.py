@@ -27,7 +27,7 @@ import weakref
 from typing import Any
 
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The Trainer whose run compiled last in this process, and the spans of ``converted_codes()`` that compiled runs added
@@ -42,7 +42,7 @@ class _CompileBudget(_CompileFeature):
     keys = {"compile_budget": "True: each Trainer's runs get a recompile budget of their own for the code they compile"}
 
     def on_run_start(self, run: _CompileRun, model: Any) -> None:
-        seen = surface.converted_codes()
+        seen = private_names.converted_codes()
         spans: list[list[int]] = _LAST["spans"]
         if spans and spans[-1][1] > len(seen):  # `torch._dynamo.reset()` emptied Dynamo's record: so is ours
             spans.clear()
@@ -51,8 +51,8 @@ class _CompileBudget(_CompileFeature):
             codes = [code for start, end in spans for ref in seen[start:end] if (code := ref()) is not None]
             # more entries than a step keeps in steady state (two grad modes, full and partial batches), or none:
             # skipped after a failure, or it held no tensor work (trying that again costs next to nothing)
-            half = surface.recompile_limit() // 2
-            run.reset(code for code in codes if (entries := surface.cache_entries(code)) == 0 or entries > half)
+            half = private_names.recompile_limit() // 2
+            run.reset(code for code in codes if (entries := private_names.cache_entries(code)) == 0 or entries > half)
             # code that failed to compile after it had compiled entries (a step that raised in one of its branches):
             # Dynamo marked it "skip" with its entries kept
             run.reset(code for ref in _LAST["failed"] if (code := ref()) is not None)
@@ -63,7 +63,7 @@ class _CompileBudget(_CompileFeature):
         _flag(options, "compile_budget")
 
     def teardown(self, run: _CompileRun) -> None:
-        start, end, spans = _LAST["start"], len(surface.converted_codes()), _LAST["spans"]
+        start, end, spans = _LAST["start"], len(private_names.converted_codes()), _LAST["spans"]
         if start is None or start > end:
             return
         _LAST["failed"] += _failed_codes(_LAST["started_us"])
@@ -76,7 +76,7 @@ class _CompileBudget(_CompileFeature):
 
 def _failed_codes(since_us: int) -> list["weakref.ref[types.CodeType]"]:
     """The code Dynamo failed to compile since ``since_us``, from its compilation metrics (none on torch 2.1)."""
-    return [weakref.ref(code) for code in surface.failed_codes(since_us)]
+    return [weakref.ref(code) for code in private_names.failed_codes(since_us)]
 
 
 FEATURE = _CompileBudget

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The interpreter's own errors of a call's arguments, which surface in Dynamo's frame that makes the call.
@@ -43,14 +43,14 @@ _ARGUMENT_BINDING = re.compile(
 
 def is_compile_error(error: BaseException) -> bool:
     """Whether ``error`` is a failure of torch to compile: one of Dynamo's errors, or raised in Dynamo's own code."""
-    if isinstance(error, surface.COMPILE_ERRORS):
+    if isinstance(error, private_names.COMPILE_ERRORS):
         return True
     if not isinstance(error, Exception):
         return False  # KeyboardInterrupt, SystemExit: the user's, wherever they arrive
     if isinstance(error, TypeError) and _ARGUMENT_BINDING.search(str(error)):
         return False  # a step called with arguments it does not take: the user's error, raised as eager raises it
     frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and frames[-1].filename.startswith(surface.DYNAMO_DIR)
+    return bool(frames) and frames[-1].filename.startswith(private_names.DYNAMO_DIR)
 
 
 def user_error(error: BaseException) -> Optional[BaseException]:
@@ -60,7 +60,7 @@ def user_error(error: BaseException) -> Optional[BaseException]:
     evaluated raised) while handling that error: it is the first error in the chain whose type is not torch's.
 
     """
-    if not isinstance(error, surface.WRAPPING_ERRORS):
+    if not isinstance(error, private_names.WRAPPING_ERRORS):
         return None
     cause = error.__cause__ or error.__context__
     while cause is not None:
@@ -81,12 +81,12 @@ class _CompileErrors(_CompileFeature):
         self._codes_before: Optional[int] = None
 
     def on_run_start(self, run: _CompileRun, model: "pl.LightningModule") -> None:
-        self._codes_before = len(surface.converted_codes())
-        if surface.NON_LAZY_BACKWARD and model.automatic_optimization:
-            run.replace(surface.functorch_config, "force_non_lazy_backward_lowering", True, scope="run")
+        self._codes_before = len(private_names.converted_codes())
+        if private_names.NON_LAZY_BACKWARD and model.automatic_optimization:
+            run.replace(private_names.functorch_config, "force_non_lazy_backward_lowering", True, scope="run")
 
     def setup(self, run: _CompileRun) -> Mapping[str, Any]:
-        if not surface.NON_LAZY_BACKWARD:
+        if not private_names.NON_LAZY_BACKWARD:
             _name_backward_errors(run)
         return {}
 
@@ -107,7 +107,7 @@ class _CompileErrors(_CompileFeature):
     def teardown(self, run: _CompileRun) -> None:
         codes_before, self._codes_before = self._codes_before, None
         if codes_before is not None and run.trainer.state.status == TrainerStatus.INTERRUPTED:
-            run.reset(code for ref in surface.converted_codes()[codes_before:] if (code := ref()) is not None)
+            run.reset(code for ref in private_names.converted_codes()[codes_before:] if (code := ref()) is not None)
 
 
 def _name_backward_errors(run: _CompileRun) -> None:
@@ -118,7 +118,7 @@ def _name_backward_errors(run: _CompileRun) -> None:
     def named(*args: Any, **kwargs: Any) -> Any:
         try:
             return backward(*args, **kwargs)
-        except surface.COMPILE_ERRORS as error:
+        except private_names.COMPILE_ERRORS as error:
             run.uncompile()
             raise RuntimeError(
                 f"{failure_message(run, error, fallback=False)} (It failed in the backward: `fallback` applies"

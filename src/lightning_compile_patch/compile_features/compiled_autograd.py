@@ -32,7 +32,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 _KEY = "compiled_autograd"
@@ -72,7 +72,7 @@ class _CompiledAutograd(_CompileFeature):
                 f"`Trainer(use_compile={{'{_KEY}': {{{unknown[0]!r}: ...}}}})` is not a `torch.compile` argument."
                 f" Valid keys: {known}."
             )
-        if surface.compiled_autograd_switch() is None:
+        if private_names.compiled_autograd_switch() is None:
             raise RuntimeError(
                 f"`Trainer(use_compile={{'{_KEY}': ...}})` needs torch>=2.6 (`compiled_autograd._enable`), and torch"
                 f" {torch.__version__} is installed. Upgrade torch, or remove '{_KEY}'."
@@ -90,7 +90,7 @@ class _CompiledAutograd(_CompileFeature):
         if not isinstance(strategy, DDPStrategy):
             return
         # what the python reducer does not support: it all-reduces each parameter's gradient from a hook of its own
-        ddp_kwargs, comm_hook = surface.ddp_options(strategy)
+        ddp_kwargs, comm_hook = private_names.ddp_options(strategy)
         unsupported = {
             "bucket_cap_mb_list": "it has no buckets",
             "find_unused_parameters": "ranks whose unused parameters differ would all-reduce different tensors",
@@ -110,8 +110,8 @@ class _CompiledAutograd(_CompileFeature):
     def on_run_start(self, run: _CompileRun, model: "pl.LightningModule") -> None:
         if not self.enabled:
             return
-        captures = surface.backward_graphs_compiled()
-        run.note(lambda: _captured(surface.backward_graphs_compiled() - captures))
+        captures = private_names.backward_graphs_compiled()
+        run.note(lambda: _captured(private_names.backward_graphs_compiled() - captures))
         trainer = run.trainer
         if isinstance(trainer.strategy, DDPStrategy) and trainer.state.fn == TrainerFn.FITTING:  # DDP wraps to fit only
             _use_python_reducer(run)
@@ -121,15 +121,15 @@ class _CompiledAutograd(_CompileFeature):
             return {}
         wrapper = run.trainer.strategy.model
         if isinstance(wrapper, DistributedDataParallel):
-            if not surface.ddp_uses_python_reducer(wrapper):
+            if not private_names.ddp_uses_python_reducer(wrapper):
                 raise RuntimeError(
                     f"`Trainer(use_compile={{'{_KEY}': ...}})` set DDP's python reducer, but DDP was built with its C++"
                     " reducer, which compiled autograd cannot trace: `torch._dynamo.config.optimize_ddp` was changed"
                     " after `fit` started (in a `setup` or `configure_model` hook?). Leave it to `use_compile`."
                 )
-            run.defer(surface.remove_reducer_hooks, wrapper, scope="run")
+            run.defer(private_names.remove_reducer_hooks, wrapper, scope="run")
         backward_kwargs = run.run_kwargs if self.value is True else self.value
-        switch = surface.compiled_autograd_switch()
+        switch = private_names.compiled_autograd_switch()
         assert switch is not None
         run.enter(switch(torch.compile(**(backward_kwargs or {}))), scope="run")
         return {}
@@ -139,14 +139,14 @@ class _CompiledAutograd(_CompileFeature):
         if not (self.enabled and isinstance(wrapper, DistributedDataParallel)):
             return compiled
         ddp: DistributedDataParallel = wrapper
-        if not surface.ddp_uses_python_reducer(ddp):
+        if not private_names.ddp_uses_python_reducer(ddp):
             return compiled
 
         def synced(*args: Any, **kwargs: Any) -> Any:
             # what DDP's `_pre_forward`/`_post_forward` do with buffers, and skip under the python reducer
-            surface.sync_ddp_buffers(ddp, before=True)
+            private_names.sync_ddp_buffers(ddp, before=True)
             output = compiled(*args, **kwargs)
-            surface.sync_ddp_buffers(ddp, before=False)
+            private_names.sync_ddp_buffers(ddp, before=False)
             ddp.require_forward_param_sync = torch.is_grad_enabled() and ddp.require_backward_grad_sync
             return output
 
@@ -160,11 +160,13 @@ def _captured(captures: int) -> str:
 
 def _use_python_reducer(run: _CompileRun) -> None:
     """Sets the python reducer for the DDP built next; the run restores what this and DDP set for the process."""
-    run.replace(surface.dynamo_config, "optimize_ddp", "python_reducer", scope="run")
-    for name in surface.INDUCTOR_DDP_SETTINGS:  # DDP sets them when it is built: they are put back when the run ends
-        run.replace(surface.inductor_config, name, getattr(surface.inductor_config, name), scope="run")
-    if not surface.ddp_file_traced():  # DDP adds its file to Dynamo's inline list when it is built
-        run.defer(surface.stop_tracing_ddp_file, scope="run")
+    run.replace(private_names.dynamo_config, "optimize_ddp", "python_reducer", scope="run")
+    for (
+        name
+    ) in private_names.INDUCTOR_DDP_SETTINGS:  # DDP sets them when it is built: they are put back when the run ends
+        run.replace(private_names.inductor_config, name, getattr(private_names.inductor_config, name), scope="run")
+    if not private_names.ddp_file_traced():  # DDP adds its file to Dynamo's inline list when it is built
+        run.defer(private_names.stop_tracing_ddp_file, scope="run")
 
 
 FEATURE = _CompiledAutograd

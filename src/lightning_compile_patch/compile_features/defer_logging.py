@@ -87,7 +87,7 @@ class _LogBoundary:
         return call
 
 
-class _LogDeferral(_CompileFeature):
+class _DeferLogging(_CompileFeature):
     """Defers ``self.log`` while a step is traced, and replays it after the compiled step (no graph break)."""
 
     keys = {"defer_logging": "True (default): `self.log` in a compiled step is replayed after it, outside the graph"}
@@ -115,4 +115,4 @@ class _LogDeferral(_CompileFeature):
         self._boundary = None
 
 
-FEATURE = _LogDeferral
+FEATURE = _DeferLogging

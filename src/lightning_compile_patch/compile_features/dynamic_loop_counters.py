@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 
-class _LoopCounters(_CompileFeature):
+class _DynamicLoopCounters(_CompileFeature):
     """Marks the Trainer's loop counters dynamic for the run."""
 
     keys = {"dynamic_loop_counters": "True: reading `current_epoch` or `global_step` in a step does not recompile it"}
@@ -30,13 +30,13 @@ class _LoopCounters(_CompileFeature):
         _flag(options, "dynamic_loop_counters")
 
     def on_run_start(self, run: _CompileRun, model: Any) -> None:
-        if not surface.DYNAMIC_SOURCES_MATCH_PATTERNS or (run.given or {}).get("dynamic") is False:
+        if not private_names.DYNAMIC_SOURCES_MATCH_PATTERNS or (run.given or {}).get("dynamic") is False:
             return  # `dynamic=False` asks for static code: the counters stay specialized, as torch does
         config = torch.compiler.config
         given = config.dynamic_sources
-        sources = surface.TRAINER_LOOP_SOURCES
+        sources = private_names.TRAINER_LOOP_SOURCES
         value = f"{given},{sources}" if given else sources  # the user's own sources stay
         run.replace(config, "dynamic_sources", value, scope="run")
 
 
-FEATURE = _LoopCounters
+FEATURE = _DynamicLoopCounters

@@ -28,7 +28,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.core.module import LightningModule
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The module's methods that take an optimizer from the step, and compare it with the Trainer's.
@@ -77,7 +77,7 @@ def _as_returned(optimizers: list[Any]) -> Any:
     return optimizers[0] if len(optimizers) == 1 else optimizers
 
 
-class _ParamGroups(_CompileFeature):
+class _DynamicLR(_CompileFeature):
     """Gives a traced step views of the optimizers, refreshed before each compiled call."""
 
     keys = {"dynamic_lr": "True: the learning rate read from `self.optimizers()` in a step does not recompile it"}
@@ -121,7 +121,7 @@ class _ParamGroups(_CompileFeature):
 
     def _refresh(self, trainer: pl.Trainer) -> None:
         # what `LightningModule.optimizers` returns, read where it reads it (no hook of the module is called)
-        self._current[True] = self._viewed(surface.lightning_optimizers(trainer.strategy))
+        self._current[True] = self._viewed(private_names.lightning_optimizers(trainer.strategy))
         self._current[False] = self._viewed(trainer.optimizers)
 
     def _viewed(self, optimizers: list[Any]) -> Any:
@@ -141,4 +141,4 @@ class _ParamGroups(_CompileFeature):
         self._current.clear()
 
 
-FEATURE = _ParamGroups
+FEATURE = _DynamicLR

@@ -19,7 +19,7 @@ from lightning_compile_patch.compile_features import _CompileFeature, _CompileOp
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 
-class _Metrics(_CompileFeature):
+class _EagerMetrics(_CompileFeature):
     """Keeps the metrics of the model out of the compiled graphs for the run."""
 
     keys = {"eager_metrics": "True: torchmetrics' methods run eagerly, outside the compiled graphs"}
@@ -43,4 +43,4 @@ class _Metrics(_CompileFeature):
         return {}
 
 
-FEATURE = _Metrics
+FEATURE = _EagerMetrics

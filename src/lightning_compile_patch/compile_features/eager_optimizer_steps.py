@@ -25,7 +25,7 @@ import torch
 
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 _MODULE_METHODS = ("toggle_optimizer", "untoggle_optimizer")
@@ -60,7 +60,7 @@ def _with_eager_step(cls: type[Any]) -> type:
     return subclass
 
 
-class _OptimizerSteps(_CompileFeature):
+class _EagerOptimizerSteps(_CompileFeature):
     """Keeps the optimizers' and schedulers' steps of a manual-optimization step out of the compiled graph."""
 
     keys = {"eager_optimizer_steps": "True: manual optimization's `opt.step()` and `sch.step()` run outside the graph"}
@@ -73,7 +73,7 @@ class _OptimizerSteps(_CompileFeature):
         module = trainer.lightning_module
         if module.automatic_optimization:
             return {}  # Lightning steps the optimizer outside the compiled step
-        for optimizer in surface.lightning_optimizers(trainer.strategy):
+        for optimizer in private_names.lightning_optimizers(trainer.strategy):
             own = type(optimizer)  # this instance's class: `LightningOptimizer.__init__` made it
             if own is LightningOptimizer or not issubclass(own, LightningOptimizer):
                 continue  # a class that others share: leave it as it is
@@ -89,4 +89,4 @@ class _OptimizerSteps(_CompileFeature):
         return {}
 
 
-FEATURE = _OptimizerSteps
+FEATURE = _EagerOptimizerSteps

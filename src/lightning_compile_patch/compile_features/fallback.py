@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 from lightning_compile_patch.compile_features.compile_errors import failure_message, is_compile_error
 
@@ -59,7 +59,7 @@ class _Fallback(_CompileFeature):
         # it off already, and the call run again must find it there
         module = run.trainer.lightning_module
         wrapper = run.trainer.strategy.model
-        wrapper_call = wrapper is not None and original == surface.module_call(wrapper)
+        wrapper_call = wrapper is not None and original == private_names.module_call(wrapper)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if run.fell_back:
@@ -79,7 +79,7 @@ class _Fallback(_CompileFeature):
                 failed = error
             first = failed
             skipped: list[types.CodeType] = []
-            while not isinstance(failed, surface.BACKEND_FAILED) and len(skipped) < _MOST_FRAMES:
+            while not isinstance(failed, private_names.BACKEND_FAILED) and len(skipped) < _MOST_FRAMES:
                 code = _failed_code(started_us)
                 if code is None or code in self.skipped:
                     break
@@ -113,13 +113,13 @@ class _Fallback(_CompileFeature):
 
 def _frame_name(code: types.CodeType) -> str:
     """``fn``, or ``the rest of `fn` after line 12`` for the code Dynamo resumes ``fn`` with after a graph break."""
-    resumed = surface.RESUME_FUNCTION.fullmatch(code.co_name)
+    resumed = private_names.RESUME_FUNCTION.fullmatch(code.co_name)
     return f"the rest of `{resumed['function']}` after line {resumed['line']}" if resumed else f"`{code.co_name}`"
 
 
 def _failed_code(since_us: float) -> Optional[types.CodeType]:
     """The code object of the newest frame whose compile failed since ``since_us``, from Dynamo's records."""
-    return next(iter(surface.failed_codes(since_us)), None)
+    return next(iter(private_names.failed_codes(since_us)), None)
 
 
 FEATURE = _Fallback

@@ -41,7 +41,7 @@ from torch import nn
 
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 from lightning_compile_patch.compile_features import STEPS, _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 
@@ -76,7 +76,7 @@ def compile_parts(module: nn.Module, kwargs: Mapping[str, Any], replace: Callabl
     # called from a step Dynamo skipped, a module's `forward` would be a frame Dynamo converts on its own, every
     # module's entries on its one code object; skipped as a frame, it is still traced into a compiled caller (the
     # package's own trampoline, marked at each call, for good: it is never the user's code)
-    surface.skip_code(_part_forward(nn.Module).__code__)  # every class's shares its code
+    private_names.skip_code(_part_forward(nn.Module).__code__)  # every class's shares its code
     return parts
 
 
@@ -153,20 +153,22 @@ def outcome(parts: list[nn.Module], since_us: float) -> tuple[list[nn.Module], d
 
     """
     failed: dict[tuple, str] = {}
-    for metrics in reversed(surface.compiles_since(since_us)):  # oldest first: the newest failure of a frame stays
+    for metrics in reversed(
+        private_names.compiles_since(since_us)
+    ):  # oldest first: the newest failure of a frame stays
         if getattr(metrics, "fail_type", None):
             reason = str(getattr(metrics, "fail_reason", "") or metrics.fail_type).strip().splitlines()[0]
-            failed[surface.frame_key(metrics)] = reason.rstrip(".:")
+            failed[private_names.frame_key(metrics)] = reason.rstrip(".:")
     compiled, eager = [], {}
     for module in parts:
         part = _PARTS.get(module)
         if part is None or not part.ran:
             continue
         forward = getattr(type(module).forward, "__code__", None)
-        refused = failed.get(surface.frame_key(forward)) if forward else None
+        refused = failed.get(private_names.frame_key(forward)) if forward else None
         if part.failed is not None:
             eager[module] = f"torch failed on it: {part.failed[:200]}"
-        elif refused is None and surface.cache_entries(part.code):
+        elif refused is None and private_names.cache_entries(part.code):
             compiled.append(module)
         else:
             eager[module] = f"Dynamo skipped it: {refused}" if refused else "Dynamo skipped it"
@@ -175,7 +177,7 @@ def outcome(parts: list[nn.Module], since_us: float) -> tuple[list[nn.Module], d
 
 def _compiled_already(module: nn.Module) -> bool:
     """Whether ``module`` is compiled in place already: a region, the user's own ``module.compile()``, TorchScript."""
-    return "forward" in vars(module) or surface.compiled_call(module) is not None
+    return "forward" in vars(module) or private_names.compiled_call(module) is not None
 
 
 def _left_out(module: nn.Module) -> bool:
@@ -204,7 +206,7 @@ class _InParts(_CompileFeature):
             not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy))
             or isinstance(strategy, DeepSpeedStrategy)
             or kwargs.get("fullgraph")  # the step compiles whole, or the run stops
-            or any(surface.compiler_disabled(getattr(module, name, None)) is not None for name in STEPS)
+            or any(private_names.compiler_disabled(getattr(module, name, None)) is not None for name in STEPS)
         ):
             return {}
         since_us = time.time_ns() // 1000

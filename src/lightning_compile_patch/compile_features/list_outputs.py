@@ -134,7 +134,7 @@ for _name in _FORWARDED:
         setattr(_ListView, _name, _forward(_name))
 
 
-class _StepOutputs(_CompileFeature):
+class _ListOutputs(_CompileFeature):
     """Puts a view in place of each list of the module that a compiled step changes, for each compiled call."""
 
     keys = {"list_outputs": "True: a list of the module that a step appends to does not recompile it as it grows"}
@@ -179,4 +179,4 @@ class _StepOutputs(_CompileFeature):
         self._module, self._views = None, {}
 
 
-FEATURE = _StepOutputs
+FEATURE = _ListOutputs

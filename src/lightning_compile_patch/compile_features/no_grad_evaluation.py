@@ -17,7 +17,7 @@ from lightning_compile_patch.compile_features import _CompileFeature, _CompileOp
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 
-class _EvaluationNoGrad(_CompileFeature):
+class _NoGradEvaluation(_CompileFeature):
     """For the run, the evaluation loops run under ``torch.no_grad``."""
 
     keys = {"no_grad_evaluation": "True: validate, test and predict run under `torch.no_grad` while compiling"}
@@ -31,4 +31,4 @@ class _EvaluationNoGrad(_CompileFeature):
                 run.replace(loop, "inference_mode", False, scope="run")
 
 
-FEATURE = _EvaluationNoGrad
+FEATURE = _NoGradEvaluation

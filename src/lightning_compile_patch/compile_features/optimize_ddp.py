@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightning.pytorch.strategies import DDPStrategy
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 _CHOICES = ("auto", True, False, "ddp_optimizer", "python_reducer", "no_optimization")
@@ -44,14 +44,16 @@ class _OptimizeDDP(_CompileFeature):
         # A process-wide Dynamo setting, read when a step is compiled inside DDP's forward, and for "python_reducer"
         # when DDP is built:
         # so it is set here, before the strategy wraps the model, and restored when the run ends, on every path.
-        value = _resolve(self.choice, strategy.world_size, surface.dynamo_config.optimize_ddp)
-        run.replace(surface.dynamo_config, "optimize_ddp", value, scope="run")
+        value = _resolve(self.choice, strategy.world_size, private_names.dynamo_config.optimize_ddp)
+        run.replace(private_names.dynamo_config, "optimize_ddp", value, scope="run")
 
     def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         wrapper = run.trainer.strategy.model
         if not isinstance(wrapper, DistributedDataParallel):  # one device, or a stage DDP does not wrap (it fits only)
             return {}
-        if surface.dynamo_config.optimize_ddp == "python_reducer" and not surface.ddp_uses_python_reducer(wrapper):
+        if private_names.dynamo_config.optimize_ddp == "python_reducer" and not private_names.ddp_uses_python_reducer(
+            wrapper
+        ):
             where = "`use_compile={'optimize_ddp': 'python_reducer'}`"
             if self.choice != "python_reducer":
                 where = "`torch._dynamo.config.optimize_ddp = 'python_reducer'`"

@@ -30,7 +30,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 _Spec = Union[str, tuple[Union[type, str], ...]]
@@ -140,8 +140,11 @@ def _compile_regions(
         # `parallelize_module`'s hooks on the module redistribute DTensors: compile them with it, as `nn.Module.compile`
         # does. An output partial before its output hook (a vocabulary-parallel embedding's `_MaskPartial`) cannot
         # cross a graph's boundary ("Mixing fake modes NYI", torch 2.13).
-        hooked = surface.tensor_parallel_hooks(region)
-        name, call = (surface.COMPILED_CALL, surface.module_call(region)) if hooked else ("forward", region.forward)
+        hooked = private_names.tensor_parallel_hooks(region)
+        if hooked:
+            name, call = private_names.COMPILED_CALL, private_names.module_call(region)
+        else:
+            name, call = "forward", region.forward
         # Dynamo keeps compiled entries, and counts them against its recompile limit, per code object: shared blocks
         # use their `forward`'s. Others get a code object each, or blocks that differ in a per-layer constant would
         # recompile one entry until the limit left the deeper ones eager, and two embeddings would share

@@ -74,7 +74,7 @@ def _keyed_class(fn: Optional[TrainerFn], stage: Optional[RunningStage]) -> type
     return _CLASSES[key]
 
 
-class _TrainerStateKeys(_CompileFeature):
+class _StageGuards(_CompileFeature):
     """For the run, the Trainer's state takes a class per stage, so that compiled steps are keyed on it."""
 
     keys = {"stage_guards": "True: a step that reads `trainer.state` compiles once per stage, never reusing another's"}
@@ -91,4 +91,4 @@ class _TrainerStateKeys(_CompileFeature):
         run.replace(state, "__class__", _keyed_class(state.fn, state.stage), scope="run")
 
 
-FEATURE = _TrainerStateKeys
+FEATURE = _StageGuards

@@ -32,7 +32,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
-from lightning_compile_patch.compile_features import _private_names as surface
+from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The clocks, bound here: a test (or a user's callback) that patches `time.perf_counter` gets no calls from the run.
@@ -40,13 +40,13 @@ _clock = time.perf_counter
 _wall_ns = time.time_ns
 #: Graph breaks that are expected: torch's own (DDP's, FSDP's), and each compiled region, which the step calls as an
 #: opaque function.
-_EXPECTED_BREAKS = {**surface.TORCH_BREAKS, "compiled_region": "regions"}
+_EXPECTED_BREAKS = {**private_names.TORCH_BREAKS, "compiled_region": "regions"}
 _WHERE = {
     "DDP": "in DDP's own code",
     "regions": "at region boundaries",
     "FSDP": "in FSDP's hooks, which leave the sharded module's own forward uncompiled",
 }
-_LIMIT_NAME = surface.RECOMPILE_LIMIT
+_LIMIT_NAME = private_names.RECOMPILE_LIMIT
 
 
 @dataclass
@@ -121,7 +121,7 @@ class _CountingBackend:
     def __init__(self, backend: Any, mode: Optional[str], options: Optional[dict], dynamic: Optional[bool]) -> None:
         #: The backend, mode and options it stands for, as given.
         self.given = {k: v for k, v in (("backend", backend), ("mode", mode), ("options", options)) if v is not None}
-        self.inner: Any = surface.backend(backend, mode, options, dynamic)
+        self.inner: Any = private_names.backend(backend, mode, options, dynamic)
         self.__name__ = getattr(self.inner, "compiler_name", "backend")
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
@@ -134,13 +134,13 @@ class _CountingBackend:
             out = compiled(*args)
             if _STEPS and not _STEPS[-1].compiled:
                 step = _STEPS[-1]
-                if _runs_in_step_code(surface.calling_frame()):
+                if _runs_in_step_code(private_names.calling_frame()):
                     step.compiled = True
                 else:
                     step.called_graphs = True
             return out
 
-        return surface.run_like(call, compiled)
+        return private_names.run_like(call, compiled)
 
     def __getattr__(self, name: str) -> Any:  # `get_compiler_config`, `reset`, ... of the backend itself
         if "inner" not in self.__dict__:
@@ -174,7 +174,7 @@ def _runs_in_step_code(frame: Optional[FrameType]) -> bool:
         if _contains(_STEP_WRAPPERS, code):
             return True
         ours = (
-            _contains(surface.OUTPUT_CODES, code)
+            _contains(private_names.OUTPUT_CODES, code)
             or code.co_filename.startswith(_PASS_THROUGH)
             or _contains(_PASS_THROUGH_CODES, code)
         )
@@ -210,7 +210,7 @@ _NO_TENSOR_WORK = (
 def _step_codes(function: Any) -> tuple[list[CodeType], Optional[str]]:
     """The code of a step function and of what it wraps (a user's decorator), and why it is compiler-disabled, if so.
 
-    ``torch.compiler.disable`` marks its wrapper (``surface.compiler_disabled``).
+    ``torch.compiler.disable`` marks its wrapper (``private_names.compiler_disabled``).
 
     """
     codes: list[CodeType] = []
@@ -219,11 +219,11 @@ def _step_codes(function: Any) -> tuple[list[CodeType], Optional[str]]:
         if function is None:
             break
         if disabled is None:
-            disabled = surface.compiler_disabled(function)
+            disabled = private_names.compiler_disabled(function)
         code = getattr(getattr(function, "__func__", function), "__code__", None)
         if code is not None:
             codes.append(code)
-        function = surface.wrapped_function(function)
+        function = private_names.wrapped_function(function)
     return codes, disabled
 
 
@@ -236,7 +236,7 @@ def _skip_cause(metrics: Any, suppressed: bool) -> tuple[str, str]:
     """
     fail_type = str(getattr(metrics, "fail_type", "") or "")
     reason = str(getattr(metrics, "fail_reason", "") or "").strip()
-    parts = [part.strip() for part in reason.split(surface.CHAINED_BREAK) if part.strip()] or [fail_type]
+    parts = [part.strip() for part in reason.split(private_names.CHAINED_BREAK) if part.strip()] or [fail_type]
     title = parts[-1].splitlines()[0].strip().rstrip(".:")
     where = _where(getattr(metrics, "co_filename", None), getattr(metrics, "co_firstlineno", None))
     name = getattr(metrics, "co_name", "the step")
@@ -320,16 +320,16 @@ class _RecompileLimitWatch(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if surface.is_recompile_limit_hit(message):
+        if private_names.is_recompile_limit_hit(message):
             function = next((line.strip() for line in message.splitlines() if "function:" in line), "a function")
             self._hits.append(function)
-            found = surface.FRAME_IN_MESSAGE.search(function)
+            found = private_names.FRAME_IN_MESSAGE.search(function)
             if found:
                 key = (found["name"], found["file"], int(found["line"]))
                 self.keys.add(key)
             rank_zero_warn(
                 f"`use_compile`: {function} hit Dynamo's recompile limit"
-                f" ({_LIMIT_NAME} = {surface.recompile_limit()}); from now on it runs uncompiled. Its"
+                f" ({_LIMIT_NAME} = {private_names.recompile_limit()}); from now on it runs uncompiled. Its"
                 " inputs change in a way that invalidates the compiled code each time (shapes, Python numbers, grad"
                 " mode). Run with `TORCH_LOGS=recompiles` to see why, then keep those inputs stable, pass"
                 f" `use_compile={{'dynamic': True}}`, or raise `torch._dynamo.config.{_LIMIT_NAME}`."
@@ -356,8 +356,8 @@ class _CompileReport:
         self._backend = backend
         # the counters as the run starts: a run that fails before `start` counts nothing of earlier runs
         self._start_us = _wall_ns() // 1000
-        self._graphs_before = surface.graphs_compiled()
-        self._breaks_before = surface.graph_breaks()
+        self._graphs_before = private_names.graphs_compiled()
+        self._breaks_before = private_names.graph_breaks()
         self._watch = _RecompileLimitWatch(self.summary.recompile_limit_hits)
         self._first_step: dict[bool, Optional[float]] = {}
         #: Why the frames of eager steps ran uncompiled, by frame, for every run of the Trainer: Dynamo keeps only its
@@ -367,11 +367,11 @@ class _CompileReport:
     def start(self, run: _CompileRun) -> None:
         """Snapshots the counters, starts watching for recompile-limit hits, and counts every step of the run."""
         self._start_us = _wall_ns() // 1000
-        self._graphs_before = surface.graphs_compiled()
-        self._breaks_before = surface.graph_breaks()
+        self._graphs_before = private_names.graphs_compiled()
+        self._breaks_before = private_names.graph_breaks()
         # Dynamo reports a recompile-limit hit only through this logger, so a filter on it is the one way to tell the
         # user when it happens; the run removes it when it ends, on every path
-        logger = logging.getLogger(surface.RECOMPILE_LIMIT_LOGGER)
+        logger = logging.getLogger(private_names.RECOMPILE_LIMIT_LOGGER)
         logger.addFilter(self._watch)
         run.defer(logger.removeFilter, self._watch, scope="run")
         strategy = run.trainer.strategy
@@ -379,7 +379,7 @@ class _CompileReport:
         # uncompiled the model, and with it the wrappers of `timed`
         for name, kind in _STEP_KINDS.items():
             run.replace(strategy, name, self.counted(getattr(strategy, name), name, kind, run), scope="run")
-        redirection = surface.forward_redirection(strategy)
+        redirection = private_names.forward_redirection(strategy)
         if redirection is not None:  # Lightning's own `wrapped_forward` runs between a wrapper and the step
             _PASS_THROUGH_CODES.update(_nested_codes(type(redirection).__call__))
 
@@ -462,7 +462,7 @@ class _CompileReport:
         if self.fell_back():
             return "fallback", "it fell back to eager after a compile error (`fallback='eager'`)."
         codes, disabled = _step_codes(step_function)
-        keys = {cast(_Key, surface.frame_key(code)) for code in codes}
+        keys = {cast(_Key, private_names.frame_key(code)) for code in codes}
         if disabled is not None:
             return "torch.compiler.disable", (
                 f"the step is marked `torch.compiler.disable`{f' ({disabled})' if disabled else ''}, so Dynamo runs it,"
@@ -474,13 +474,13 @@ class _CompileReport:
         for key in keys:  # found for an earlier step of this Trainer's runs
             if key in self._skipped:
                 return self._skipped[key]
-        suppressed = surface.errors_suppressed()
+        suppressed = private_names.errors_suppressed()
         # torch 2.1 has no compilation metrics; each has the frame's name, file and line, and why it failed. Only this
         # run's: an earlier run's failure of the same code may since have been reset (the compile budget, a failed run)
         callee = None
         graphless = False
-        for metrics in surface.compiles_since(self._start_us):  # newest first
-            frame = cast(_Key, surface.frame_key(metrics))
+        for metrics in private_names.compiles_since(self._start_us):  # newest first
+            frame = cast(_Key, private_names.frame_key(metrics))
             if not getattr(metrics, "fail_type", None):
                 # converted, with no graph: the step's own code computes no tensor (it sets flags, logs numbers)
                 graphless |= frame in keys and not getattr(metrics, "graph_op_count", None)
@@ -488,13 +488,15 @@ class _CompileReport:
             if frame in keys:
                 self._skipped[frame] = _skip_cause(metrics, suppressed)
                 return self._skipped[frame]
-            if surface.started_us(metrics) >= step_started_us:
+            if private_names.started_us(metrics) >= step_started_us:
                 callee = metrics  # newest first: the earliest failure while this step ran, at the end
         cause = None
         if callee is not None:
             cause = _skip_cause(callee, suppressed)
         # converted with no graph in this run, or earlier (its entries hold no graph, or none would have run)
-        elif surface.GRAPHLESS_FRAMES_TOLD and (graphless or any(surface.cache_entries(code) for code in codes)):
+        elif private_names.GRAPHLESS_FRAMES_TOLD and (
+            graphless or any(private_names.cache_entries(code) for code in codes)
+        ):
             cause = ("no tensor work", _NO_TENSOR_WORK)
         if cause is not None:
             for key in keys:
@@ -534,8 +536,8 @@ class _CompileReport:
             if started is not None and completed:  # the step ended (a training step's backward too)
                 self._announce_done(training)
         summary = self.summary
-        summary.graphs = surface.graphs_compiled() - self._graphs_before
-        for reason, count in surface.graph_breaks().items():
+        summary.graphs = private_names.graphs_compiled() - self._graphs_before
+        for reason, count in private_names.graph_breaks().items():
             new = count - self._breaks_before.get(reason, 0)
             summary.graph_breaks += new
             sources = {
@@ -545,8 +547,8 @@ class _CompileReport:
                 summary.expected_breaks += new
                 summary.expected_in |= sources
         # torch 2.1 has no per-frame compilation metrics: the run then counts no recompiles and no compile time
-        for metrics in surface.compilation_metrics():
-            if surface.started_us(metrics) < self._start_us:
+        for metrics in private_names.compilation_metrics():
+            if private_names.started_us(metrics) < self._start_us:
                 continue
             summary.recompiles += bool(metrics.cache_size)
             summary.compile_seconds += metrics.entire_frame_compile_time_s or 0.0
@@ -555,7 +557,7 @@ class _CompileReport:
         return summary
 
 
-class _RunSummary(_CompileFeature):
+class _Summary(_CompileFeature):
     """Tells what the compiler did: the first compiled steps, recompile-limit hits, and one summary line per run."""
 
     keys = {"summary": "True: count the steps that ran compiled and eager, and warn of each eager step's cause"}
@@ -602,4 +604,4 @@ def last_summary(trainer: Any) -> Optional[_CompileSummary]:
     return _LAST_SUMMARY.get(trainer)
 
 
-FEATURE = _RunSummary
+FEATURE = _Summary
