@@ -401,3 +401,56 @@ def test_a_step_marked_compiler_disable_keeps_what_it_calls_uncompiled():
     assert summary.notes == []
     assert summary.eager_steps["training"] == 4
     assert summary.compiled_steps == {"evaluation": 2}  # the validation step, compiled whole
+
+
+@pytest.mark.parametrize("model_class", [TruncatedBPTT, ChunkLoop])
+def test_a_sweep_of_more_runs_than_the_recompile_limit_stays_compiled_in_parts(model_class):
+    """Twelve runs in one process, each with a new model whose step Dynamo skips: Dynamo's recompile limit (8) and its
+    skip marks last the process and count per code object, so without the per-run resets the later runs' modules would
+    stop compiling and their steps would run eager."""
+    backend = CountingBackend("sweep")
+    for trial in range(12):
+        before = backend.calls
+        _, trainer, _, _ = train(model_class, {"backend": backend}, steps=2)  # TBPTT: 3 optimizer steps per batch
+        summary = last_summary(trainer)
+        trained = summary.parts_steps.get("training", 0)
+        assert trained >= 1, (trial, summary)
+        assert summary.eager_steps == {}, (trial, summary)
+        assert backend.calls - before >= trained, trial  # a graph ran in each step of this run
+
+
+def test_twelve_epochs_stay_compiled_in_parts_without_a_recompile_per_epoch():
+    """The step reads nothing of the epoch; the modules it calls compile once and run every epoch's steps."""
+    backend = CountingBackend("epochs")
+    seed_everything(0)
+    model = TruncatedBPTT()
+    trainer = Trainer(use_compile={"backend": backend}, max_epochs=12, limit_train_batches=1, **QUIET)
+    trainer.fit(model)
+    summary = last_summary(trainer)
+    assert summary.parts_steps == {"training": 12}, summary
+    assert summary.eager_steps == {}, summary
+    assert summary.recompiles == 0, summary
+    assert backend.graphs <= 4  # the LSTM's neighbours' graphs, compiled once: not one set per epoch
+
+
+def test_the_tuner_s_trials_run_compiled_in_parts():
+    from lightning.pytorch.tuner import Tuner
+
+    class Tunable(ChunkLoop):
+        def __init__(self):
+            super().__init__()
+            self.lr = 0.1
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+        def train_dataloader(self):
+            return DataLoader(RandomDataset(32, 64), batch_size=2)
+
+    backend = CountingBackend("tuner")
+    trainer = Trainer(use_compile={"backend": backend}, max_epochs=1, **QUIET)
+    finder = Tuner(trainer).lr_find(Tunable(), num_training=6, early_stop_threshold=None)
+    assert len(finder.results["lr"]) == 6
+    summary = last_summary(trainer)
+    assert summary.parts_steps.get("training", 0) >= 6, summary
+    assert summary.eager_steps == {}, summary

@@ -153,9 +153,8 @@ def outcome(parts: list[nn.Module], since_us: float) -> tuple[list[nn.Module], d
 
     """
     failed: dict[tuple, str] = {}
-    for metrics in reversed(
-        private_names.compiles_since(since_us)
-    ):  # oldest first: the newest failure of a frame stays
+    # oldest first: the newest failure of a frame stays
+    for metrics in reversed(private_names.compiles_since(since_us)):
         if getattr(metrics, "fail_type", None):
             reason = str(getattr(metrics, "fail_reason", "") or metrics.fail_type).strip().splitlines()[0]
             failed[private_names.frame_key(metrics)] = reason.rstrip(".:")
