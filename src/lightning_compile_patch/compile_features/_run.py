@@ -143,7 +143,7 @@ class _CompileRun:
                 stack.callback(feature.teardown, self)
 
     # Dynamo keeps compiled entries, a recompile count and a "skip" mark per code object, for the whole process: the
-    # run is the one place that changes them, by the three policies below.
+    # run is the one place that changes them, by the three policies below (and `_crowded`, the one threshold).
 
     def run_uncompiled(self, code: types.CodeType, scope: _Scope = "compile") -> None:
         """Dynamo runs ``code`` uncompiled as a frame of its own until the end of ``scope``, and still inlines it into
@@ -152,14 +152,17 @@ class _CompileRun:
         private_names.skip_code(code)
         self.defer(private_names.reset_code, code, scope=scope)
 
-    def reset(self, codes: Iterable[types.CodeType]) -> None:
+    def reset(self, codes: Iterable[types.CodeType], crowded_only: bool = False) -> None:
         """Drops, now, what Dynamo keeps of each of ``codes``: its entries, its recompile count and its "skip" mark.
 
-        Where earlier runs crowded code that this run shares (another Trainer's run starts), or a run failed.
+        Where earlier runs crowded code that this run shares (another Trainer's run starts), or a run failed. With
+        ``crowded_only``, only the code :func:`_crowded` holds crowded, or with no entry at all: skipped after a
+        failure, or it held no tensor work (trying that again costs next to nothing).
 
         """
         for code in codes:
-            private_names.reset_code(code)
+            if not crowded_only or _crowded(entries := private_names.cache_entries(code)) or entries == 0:
+                private_names.reset_code(code)
 
     def reset_crowded_code_at_end(self, model: "pl.LightningModule") -> None:
         """When the run ends, resets the shared code whose entries it grew past half of Dynamo's recompile limit.
@@ -172,7 +175,6 @@ class _CompileRun:
         Fabric does: ``torch.compiler.reset()`` between fits.)
 
         """
-        limit = private_names.recompile_limit()
         # their folders, and the one above these modules': in Lightning, its own; in a distribution that runs them from
         # a folder of its own, that one (with its fixes of Lightning's code)
         ours = os.path.dirname(os.path.dirname(__file__))
@@ -198,7 +200,7 @@ class _CompileRun:
 
         def reset() -> None:
             for key, (code, n) in entries().items():
-                if n > max(before.get(key, 0), limit // 2):
+                if _crowded(n, before.get(key, 0)):
                     private_names.reset_code(code)  # its entries, its recompile count and its "skip" mark
 
         self.defer(reset, scope="run")
@@ -208,6 +210,13 @@ class _CompileRun:
         with contextlib.ExitStack() as stack:  # every step runs, even after one that raised
             while undo:
                 stack.callback(undo.pop(0))
+
+
+def _crowded(entries: int, before: int = 0) -> bool:
+    """Whether code holds more of Dynamo's entries than a step keeps in steady state (two grad modes, full and partial
+    batches: at most half of Dynamo's recompile limit), and more than it held before (``before``, when the run began).
+    """
+    return entries > max(before, private_names.recompile_limit() // 2)
 
 
 class _PlainState:

@@ -49,10 +49,7 @@ class _CompileBudget(_CompileFeature):
         last = _LAST["trainer"]() if _LAST["trainer"] is not None else None
         if last is not run.trainer:
             codes = [code for start, end in spans for ref in seen[start:end] if (code := ref()) is not None]
-            # more entries than a step keeps in steady state (two grad modes, full and partial batches), or none:
-            # skipped after a failure, or it held no tensor work (trying that again costs next to nothing)
-            half = private_names.recompile_limit() // 2
-            run.reset(code for code in codes if (entries := private_names.cache_entries(code)) == 0 or entries > half)
+            run.reset(codes, crowded_only=True)
             # code that failed to compile after it had compiled entries (a step that raised in one of its branches):
             # Dynamo marked it "skip" with its entries kept
             run.reset(code for ref in _LAST["failed"] if (code := ref()) is not None)
