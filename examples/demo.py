@@ -13,16 +13,16 @@ start, as a user's runs share torch's default cache. So ``use_compile``'s first 
 Lightning's own path, compiling the same step after it, finds most of its kernels compiled: its first step is
 marked *(warm)*, and is not a cold-start figure. Compiling one at a time (inductor's worker pool using both cores)
 rather than side by side, into one cache, cuts the compile work by a third: the demo took 55 to 64 s on an idle 2-core
-machine, and 100 to 114 s beside the project's test suite (its own time, without the install).
+machine, and 88 to 114 s beside the project's test suite (its own time, without the install).
 
 The steady steps are measured interleaved: once every configuration has compiled and trained its first steps, its
-process waits, and the processes then take turns, one window of one step each, round after round for about 10
-seconds (at least 10 rounds). Another job on the machine slows the configurations alike within a round, which lasts
-a fraction of a second, but not alike from one round to the next. So each configuration's ratio to eager is the
-median, over the rounds, of its window's median against eager's window median in the same round; and its steady
-step is its least disturbed window (the lowest window median), since another job only ever adds time to a step.
-The rounds rotate which configuration goes first, and run for a time rather than a count so that a loaded machine,
-where a step can take ten times as long, does not stretch the demo.
+process waits, and the processes then take turns, one step each (a window of ``WINDOW`` steps), round after round
+for about 10 seconds (at least 10 rounds). Another job on the machine slows the configurations alike within a round,
+which lasts a fraction of a second, but not alike from one round to the next. So each configuration's ratio to eager
+is the median, over the rounds, of its window's median against eager's window median in the same round; and its
+steady step is its least disturbed window (the lowest window median), since another job only ever adds time to a
+step. The rounds rotate which configuration goes first, and run for a time rather than a count so that a loaded
+machine, where a step can take ten times as long, does not stretch the demo.
 
 """
 
