@@ -429,8 +429,10 @@ def test_twelve_epochs_stay_compiled_in_parts_without_a_recompile_per_epoch():
     summary = last_summary(trainer)
     assert summary.parts_steps == {"training": 12}, summary
     assert summary.eager_steps == {}, summary
-    assert summary.recompiles == 0, summary
-    assert backend.graphs <= 4  # the LSTM's neighbours' graphs, compiled once: not one set per epoch
+    # where torch compiles the LSTM (2.15), its hidden state goes from `None` to tensors within each batch: one
+    # recompile for each kind of input, never one per epoch (without `stage_guards`: 11 on torch 2.13, 16 on 2.15)
+    assert summary.recompiles <= 2, summary
+    assert backend.graphs <= 4  # the modules' graphs, compiled once: not one set per epoch
 
 
 def test_the_tuner_s_trials_run_compiled_in_parts():
