@@ -143,9 +143,8 @@ def _warm_start(run: _CompileRun, cache: str, shared: bool = False) -> Callable[
 def _use_inductor_dir(run: _CompileRun, path: Path) -> None:
     """Points inductor's on-disk cache at ``path`` for the run, unless the user chose a directory."""
     previous = os.environ.get(_INDUCTOR_DIR_ENV)
-    if previous is not None and os.path.abspath(previous) != os.path.abspath(
-        private_names.inductor_default_cache_dir()
-    ):
+    default = private_names.inductor_default_cache_dir()
+    if previous is not None and os.path.abspath(previous) != os.path.abspath(default):
         return  # set by the user (inductor sets it to its default on first use)
     run.setenv(_INDUCTOR_DIR_ENV, str(path), scope="run")
 

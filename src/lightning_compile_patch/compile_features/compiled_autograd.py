@@ -161,9 +161,8 @@ def _captured(captures: int) -> str:
 def _use_python_reducer(run: _CompileRun) -> None:
     """Sets the python reducer for the DDP built next; the run restores what this and DDP set for the process."""
     run.replace(private_names.dynamo_config, "optimize_ddp", "python_reducer", scope="run")
-    for (
-        name
-    ) in private_names.INDUCTOR_DDP_SETTINGS:  # DDP sets them when it is built: they are put back when the run ends
+    # DDP sets them when it is built: they are put back when the run ends
+    for name in private_names.INDUCTOR_DDP_SETTINGS:
         run.replace(private_names.inductor_config, name, getattr(private_names.inductor_config, name), scope="run")
     if not private_names.ddp_file_traced():  # DDP adds its file to Dynamo's inline list when it is built
         run.defer(private_names.stop_tracing_ddp_file, scope="run")

@@ -51,9 +51,8 @@ class _OptimizeDDP(_CompileFeature):
         wrapper = run.trainer.strategy.model
         if not isinstance(wrapper, DistributedDataParallel):  # one device, or a stage DDP does not wrap (it fits only)
             return {}
-        if private_names.dynamo_config.optimize_ddp == "python_reducer" and not private_names.ddp_uses_python_reducer(
-            wrapper
-        ):
+        python_reducer = private_names.dynamo_config.optimize_ddp == "python_reducer"
+        if python_reducer and not private_names.ddp_uses_python_reducer(wrapper):
             where = "`use_compile={'optimize_ddp': 'python_reducer'}`"
             if self.choice != "python_reducer":
                 where = "`torch._dynamo.config.optimize_ddp = 'python_reducer'`"
