@@ -212,7 +212,8 @@ def paired_ratio(mine: dict[str, Any], theirs: dict[str, Any]) -> float:
 
 
 def paired_ratios(mine: dict[str, Any], theirs: dict[str, Any]) -> list[float]:
-    return sorted(a / b for a, b in zip(mine["windows"], theirs["windows"], strict=True))
+    """``mine``'s window against ``theirs``' in the same round, round by round."""
+    return [a / b for a, b in zip(mine["windows"], theirs["windows"], strict=True)]
 
 
 def median_interval(values: list[float]) -> tuple[float, float]:
