@@ -203,7 +203,7 @@ def demo(session: nox.Session) -> None:
     # editable install builds it in an isolated environment of its own (7 s idle, twice that loaded), and the `wheel`
     # session tests the installed package.
     session.install("--no-compile", TORCH, LIGHTNING[0])  # one resolve: Lightning's torch is this torch
-    session.run("python", "examples/demo.py", *session.posargs, env={"PYTHONPATH": str(Path("src").resolve())})
+    session.run("python", "examples/demo.py", *session.posargs, env={"PYTHONPATH": str(ROOT / "src")})
 
 
 @nox.session
