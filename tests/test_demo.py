@@ -1,0 +1,45 @@
+"""The demo (``examples/demo.py``) measures what it says it measures.
+
+Its table compares steady steps taken in separate processes on a machine that may be busy, so each process must run
+its steps with one torch thread. Lightning's DDP strategy resets torch's threads to cores / processes unless
+``OMP_NUM_THREADS`` is set, which undid the demo's own ``torch.set_num_threads(1)``: beside another job, its eager
+step then took 33 times as long, and its steady figures were noise.
+"""
+
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+DEMO = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
+
+
+def demo_module():
+    spec = importlib.util.spec_from_file_location("lcp_demo", DEMO)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses and annotations resolve through sys.modules
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+@pytest.mark.slow
+def test_each_configuration_trains_its_ddp_steps_with_one_torch_thread(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # as in a user's shell; Lightning's tests may have set it
+    demo = demo_module()
+    configuration = demo._Configuration("eager", layers=1, workdir=tmp_path, warm=False)
+    try:
+        configuration.wait()  # set up
+        configuration.tell("go")
+        configuration.wait()  # its first steps
+        configuration.tell("go")
+        configuration.windows.append(statistics.median(configuration.wait()))  # one steady window
+    finally:
+        configuration.tell("stop")
+    result = configuration.result()
+    assert result["strategy_model"] == "DistributedDataParallel"
+    assert result["threads"] == 1
