@@ -58,6 +58,13 @@ GPU_LINE = (
     " step, Lightning's fit(torch.compile(model)) 40.3 ms, use_compile=True 41.9 ms (1.81x eager's speed, 1.04x"
     " Lightning's own step time)."
 )
+#: The cold first steps of docs/benchmarks.md ("DDP, world size 1", cpu mode), shown under the table: here Lightning's
+#: path compiles warm, from ``use_compile``'s cache.
+COLD_LINE = (
+    "Cold, each into an empty cache, the two compiled paths take the same first step: 21.2 s for Lightning's"
+    " fit(torch.compile(model)), 20.4 s for use_compile=True (a 4-layer GPT under DDP on a 2-core CPU, bench.py --mode"
+    " cpu, 2026-11-30; docs/benchmarks.md)."
+)
 #: Steps each configuration trains before the interleaved windows (its compile, then a few steady steps).
 WARMUP_STEPS = 5
 #: The interleaved windows: steps in each, and rounds of them (at least, at most, and for about how long).
@@ -281,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             f" {os.cpu_count()} cores): two configurations that run the same graph differed by more than 10% from"
             " one round to the next, so the steady steps above are not reliable. Rerun it on an idle machine."
         )
+    print(COLD_LINE)
     print(GPU_LINE)
     eager_loss = results[0]["final_loss"]
     worst = max(abs(r["final_loss"] - eager_loss) for r in results)
