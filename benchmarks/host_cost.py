@@ -12,9 +12,9 @@ one run; differences of a few tens of µs are within the noise of a shared machi
 
 Per key: ``use_compile`` with every one of the package's own keys off but that one, against all of them off.
 
-Only the ``use_compile`` paths import the package: once imported, it also compiles a compiled model passed in without
-``use_compile`` again after the wrap, with the features of its ``INPUT_DEFAULTS``; Lightning's paths run Lightning as it
-is (each result records whether its process imported the package).
+Lightning's own paths run with the package removed (``lightning_compile_patch.remove()``; ``harness`` imports it):
+applied, it also compiles a compiled model passed in without ``use_compile`` again after the wrap, with the features of
+its ``INPUT_DEFAULTS``. Each result records whether the patch was applied as its steps ran.
 """
 
 import argparse
@@ -82,11 +82,13 @@ def _plain_loop(compiled: bool, steps: int) -> list[float]:
 def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int) -> list[float]:
     import torch
 
-    if use_compile is not None:
-        # only here: once imported, the package also compiles a compiled model passed in again after the wrap, with
-        # some of its features, and "Lightning, `fit(torch.compile(m))`" would not be Lightning's own path
-        import lightning_compile_patch  # noqa: F401
+    import lightning_compile_patch  # imported with `harness` already
     from lightning.pytorch import Callback, LightningModule, Trainer
+
+    if use_compile is None:
+        # Lightning as it is: applied, the package also compiles a compiled model passed in again after the wrap, with
+        # some of its features, and "Lightning, `fit(torch.compile(m))`" would not be Lightning's own path
+        lightning_compile_patch.remove()
 
     class Tiny(LightningModule):
         def __init__(self) -> None:
@@ -137,7 +139,7 @@ def run_one(name: str, steps: int) -> dict[str, Any]:
     else:
         times = _lightning(name, use_compile, steps)
     steady = sorted(times[5:])
-    patched = "lightning_compile_patch" in sys.modules
+    patched = "lightning_compile_patch" in sys.modules and sys.modules["lightning_compile_patch"].is_applied()
     return {"p10_us": 1e6 * steady[len(steady) // 10], "median_us": 1e6 * statistics.median(steady), "patched": patched}
 
 
@@ -159,8 +161,8 @@ def markdown(data: dict[str, Any]) -> str:
             f"An MLP of width {WIDTH}, batch {BATCH}, SGD, one torch thread, CPU, inductor. Each path in a fresh"
             f" process, {data['rounds']} rounds taking turns; each figure is the lowest over rounds of the path's p10"
             f" step time over {data['steps']} steps (the first 5 left out). A Lightning step is timed from one"
-            " batch's start to the next: the whole loop. The eager and `fit(torch.compile(m))` paths run Lightning as"
-            " it is, in processes that do not import the package.",
+            " batch's start to the next: the whole loop. Lightning's eager and `fit(torch.compile(m))` paths run"
+            " Lightning as it is, with the package removed.",
             markdown_table(("path", "µs per step (p10)", "vs Lightning eager"), rows),
             f"`use_compile=True` against Lightning's own compiled path: {fmt(ratio(ours, stock_compiled), '.2f', 'x')};"
             f" against the plain compiled loop: {fmt(ours - plain, '+.0f')} µs. The package's own keys together:"
@@ -195,6 +197,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 subprocess.run(command, check=True, env={**_env(), "TORCHINDUCTOR_CACHE_DIR": str(env_dir)})
                 samples[name].append(json.loads(result.read_text()))
                 print(f"round {round_ + 1}: {name}: {samples[name][-1]['p10_us']:.0f} µs", flush=True)
+    wrong = [
+        name for name, use_compile in paths().items() if name.startswith("Lightning") and samples[name][0]["patched"]
+    ]
+    if wrong:
+        raise RuntimeError(f"these paths ran with the package applied, not as Lightning is: {wrong}")
     p10 = {name: min(s["p10_us"] for s in values) for name, values in samples.items()}  # load only adds time
     data.update(samples=samples, p10_us=p10)
     write_report(args.out, data, markdown(data))
