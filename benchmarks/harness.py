@@ -42,7 +42,7 @@ from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 from lightning.pytorch.utilities.compile import from_compiled  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # the demo's GPT, outside the wheel
-from gpt import GPT, GPTConfig, GPTModule, NextTokenData, parameter_count  # noqa: E402
+from gpt import GPT, GPTConfig, GPTModule, LogOutsideStepGPT, NextTokenData, parameter_count  # noqa: E402
 
 from lightning_compile_patch.compile_features.summary import _EXPECTED_BREAKS  # noqa: E402
 
@@ -268,16 +268,6 @@ def dynamo_stats() -> dict[str, Any]:
             [m.co_name, m.entire_frame_compile_time_s] for m in metrics if m.backend_compile_time_s
         ],
     }
-
-
-class LogOutsideStepGPT(GPTModule):
-    """The demo GPT, logging its loss after the step: stock Lightning cannot compile a step that calls ``self.log``."""
-
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        return self._loss(batch)
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.log("train_loss", outputs["loss"], prog_bar=True)
 
 
 def _peak_memory_mib(device: torch.device) -> float:

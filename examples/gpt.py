@@ -177,6 +177,16 @@ class GPTModule(LightningModule):
         return DataLoader(NextTokenData(self.config, seed=1), batch_size=self.config.batch_size)
 
 
+class LogOutsideStepGPT(GPTModule):
+    """The same, logging its loss after the step: Lightning 2.6 cannot compile a step that calls ``self.log``."""
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self._loss(batch)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.log("train_loss", outputs["loss"], prog_bar=True)
+
+
 def parameter_count(module: nn.Module) -> int:
     """The number of parameters, for labels."""
     return sum(p.numel() for p in module.parameters())
