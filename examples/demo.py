@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     low, high = median_interval(paired_ratios(ours, stock))
     print(
         f"use_compile=True against Lightning's own compiled path, window by window: {paired_ratio(ours, stock):.2f}x"
-        f" (95% interval {low:.2f}-{high:.2f}x; they run the same graph)"
+        f" (95% interval {low:.2f}-{high:.2f}x; they compile the same step)"
     )
     if high - low > 0.2:  # the same graph's steps, a round apart, differed by more than +-10%
         print(
