@@ -23,9 +23,9 @@ The compiled configurations compile one at a time, ``use_compile`` first, and sh
 start, as a user's runs share torch's default cache. So ``use_compile``'s first step pays the full cold compile, and
 Lightning's own path, compiling the same step after it, finds most of its kernels compiled: its first step is
 marked *(warm)*, and is not a cold-start figure. Compiling one at a time (inductor's worker pool using both cores)
-rather than side by side, into one cache, cuts the compile work by a third: the demo took 45 s on an idle 2-core
-machine, and 56 to 63 s beside the project's test suite (its own time, without the install; 59 s and 71 to 80 s with
-it, through ``nox -s demo`` from a fresh clone).
+rather than side by side, into one cache, cuts the compile work by a third: the demo took 48 s on an idle 2-core
+machine, and 65 and 71 s beside the project's test suite (its own time, without the install; 62 s, and 85 and 91 s,
+through ``nox -s demo`` from a fresh clone).
 
 The steady steps are measured interleaved: once every configuration has compiled and trained its first steps, its
 process waits, and the processes then take turns, one step each (a window of ``WINDOW`` steps), round after round
