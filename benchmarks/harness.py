@@ -296,6 +296,8 @@ def run_lightning(spec: RunSpec, device: torch.device) -> Optional[dict[str, Any
     DDPOptimizer.compile_fn = compile_fn
     options = dict(accelerator=spec.accelerator, devices=spec.devices, precision=spec.precision, max_steps=steps)
     trainer = Trainer(strategy=strategy, use_compile=spec.use_compile, callbacks=[timer], **options, **QUIET)
+    # `from_compiled(...)`: Lightning's own path. The package, applied, compiles again only a `torch.compile` wrapper
+    # passed in; this module it leaves to Lightning (stock_logging fails in `self.log` as it does without the package)
     trainer.fit(from_compiled(torch.compile(module, backend=spec.compile_backend)) if spec.compile_input else module)
     if trainer.global_rank != 0:
         return None

@@ -178,7 +178,10 @@ class GPTModule(LightningModule):
 
 
 class LogOutsideStepGPT(GPTModule):
-    """The same, logging its loss after the step: Lightning 2.6 cannot compile a step that calls ``self.log``."""
+    """The same, logging its loss after the step: Lightning 2.6.6 cannot compile a step that calls ``self.log``.
+
+    (On torch 2.13, Dynamo fails inside ``LightningModule.log``; the package's ``use_compile`` compiles such a step.)
+    """
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         return self._loss(batch)

@@ -40,7 +40,8 @@ def test_each_configuration_trains_its_ddp_steps_with_one_torch_thread(tmp_path,
         configuration.tell("go")
         configuration.windows.append(statistics.median(configuration.wait()))  # one steady window
     finally:
-        configuration.tell("stop")
+        if configuration.process.poll() is None:  # a process that died has said why in `wait`'s error
+            configuration.tell("stop")
     result = configuration.result()
     assert result["strategy_model"] == "DistributedDataParallel"
     assert result["threads"] == 1
