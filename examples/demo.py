@@ -85,7 +85,7 @@ def _run_one(name: str, layers: int) -> dict[str, Any]:
     from gpt import GPTConfig, GPTModule, LogOutsideStepGPT  # beside this file
 
     path = ALL_PATHS[name]
-    if path["use_compile"] is not None:
+    if _uses_package(name):
         # Only here: once imported, the package also handles a compiled model passed in without `use_compile` (it
         # compiles its steps again after the wrap, with some of its features), which is then not Lightning's own path.
         import lightning_compile_patch  # noqa: F401  # Trainer(use_compile=...)
@@ -147,6 +147,11 @@ def _run_one(name: str, layers: int) -> dict[str, Any]:
 
 def _compiles(name: str) -> bool:
     return bool(ALL_PATHS[name]["compile_model"] or ALL_PATHS[name]["use_compile"])
+
+
+def _uses_package(name: str) -> bool:
+    """Only ``use_compile``'s configurations import the package (see the module's docstring)."""
+    return ALL_PATHS[name]["use_compile"] is not None
 
 
 class _Configuration:
@@ -300,10 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         f"use_compile=True against Lightning's own compiled path, window by window: {paired_ratio(ours, stock):.2f}x"
         f" (95% interval {low:.2f}-{high:.2f}x; they compile the same step)"
     )
-    if high - low > 0.2:  # the same graph's steps, a round apart, differed by more than +-10%
+    if high - low > 0.2:  # the same step's compiled code, a round apart, differed by more than +-10%
         print(
             f"The machine was busy while the demo measured (load average {os.getloadavg()[0]:.1f} on"
-            f" {os.cpu_count()} cores): two configurations that run the same graph differed by more than 10% from"
+            f" {os.cpu_count()} cores): two configurations that compile the same step differed by more than 10% from"
             " one round to the next, so the steady steps above are not reliable. Rerun it on an idle machine."
         )
     print(COLD_LINE)
@@ -312,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(abs(r["final_loss"] - eager_loss) for r in results)
     wrapped = all(r["strategy_model"] == "DistributedDataParallel" for r in results)
     threads = {r["name"]: r["threads"] for r in results if r["threads"] != 1}
-    # eager and Lightning's own path run Lightning as it is, without the package
-    patched = [r["name"] for r in results if r["patched"] != (ALL_PATHS[r["name"]]["use_compile"] is not None)]
+    patched = [r["name"] for r in results if r["patched"] != _uses_package(r["name"])]
     print(f"largest final-loss difference to eager: {worst:.2e}; DDP kept its type: {wrapped}")
     if threads:
         print(f"not measured with one torch thread: {threads}")

@@ -283,19 +283,24 @@ def no_sync_counter(trainer: Trainer) -> Iterator[list[int]]:
         DistributedDataParallel.no_sync = original
 
 
-def demo_gpt() -> Any:
-    """The demo's GPT module (``examples/gpt.py``).
+def example(stem: str) -> Any:
+    """A file of ``examples/`` (``gpt``, ``demo``) as a module, kept in ``sys.modules`` (its classes pickle).
 
     Loaded from its file, so that the run against a patched Lightning does not import ``lightning_compile_patch``.
     """
-    name = "lcp_demo_gpt"
+    name = f"lcp_demo_{stem}"
     if name not in sys.modules:
-        path = Path(__file__).parents[1] / "examples" / "gpt.py"
+        path = Path(__file__).parents[1] / "examples" / f"{stem}.py"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def demo_gpt() -> Any:
+    """The demo's GPT module (``examples/gpt.py``)."""
+    return example("gpt")
 
 
 def lightning_side(name: str) -> Any:

@@ -7,31 +7,17 @@ step then took 33 times as long, and its steady figures were noise. And the rows
 without the package, which once imported changes what ``fit(torch.compile(model))`` does.
 """
 
-import importlib.util
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
-DEMO = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
-
-
-def demo_module():
-    spec = importlib.util.spec_from_file_location("lcp_demo", DEMO)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses and annotations resolve through sys.modules
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
+from helpers import example
 
 
 @pytest.mark.slow
 def test_each_configuration_trains_its_ddp_steps_with_one_torch_thread(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # as in a user's shell; Lightning's tests may have set it
-    demo = demo_module()
+    demo = example("demo")
     configuration = demo._Configuration("eager", layers=1, workdir=tmp_path, warm=False)
     try:
         configuration.wait()  # set up
