@@ -1,6 +1,6 @@
 """The table of docs/benchmarks/host_cost.md: the host's time per training step, where a step is almost all host time.
 
-    python benchmarks/host_cost.py                 # every path and every default key, 3 rounds
+    python benchmarks/host_cost.py                 # every path 5 rounds, and every default key once
     python benchmarks/host_cost.py --rounds 1 --steps 60 --out /tmp/x   # quick
 
 A tiny MLP (width 64, batch 8, one torch thread), so that a step's kernels take microseconds and what is measured is
@@ -8,9 +8,17 @@ Python: the training loop, Lightning's hooks, the compiled code's guards and the
 a fresh process (its own compile, nothing shared), and the paths take turns round by round, so that a change of the
 machine's load hits every path alike; a path's figure is the lowest over rounds of its p10 step time (the fastest
 tenth of its steps: the host's own cost; another job on the machine only ever adds time). The ratios come from this
-one run; differences of a few tens of µs are within the noise of a shared machine (the JSON has every round).
+one run; differences of a few tens of µs are within the noise of a shared machine (the JSON has every round): on
+this 2-core VM, one process's p10 came out anywhere between 820 and 1,500 µs for the same path.
 
-Per key: ``use_compile`` with every one of the package's own keys off but that one, against all of them off.
+So each path also counts the Python function calls of a step (``sys.setprofile``, over 20 steps after the timed ones),
+which are the same in every run: what the package adds to a step is its own Python, and the calls measure it exactly.
+
+Per key: ``use_compile`` with every one of the package's own keys off but that one, against all of them off; its calls
+are exact, so each runs ``--key-rounds`` times (1), and its time is one sample.
+
+The keys' time together is measured where it can be told from the noise: every key off and ``use_compile=True`` taking
+turns in one process (``--paired-rounds``, 8), compared round by round.
 
 Lightning's own paths run with the package removed (``lightning_compile_patch.remove()``; ``harness`` imports it):
 applied, it also compiles a compiled model passed in without ``use_compile`` again after the wrap, with the features of
@@ -61,7 +69,28 @@ def _model() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1))
 
 
-def _plain_loop(compiled: bool, steps: int) -> list[float]:
+#: Steps after the timed ones whose Python function calls are counted (a profile function slows them: not timed).
+COUNTED_STEPS = 20
+
+
+class _Calls:
+    """Counts the Python function calls made while it is on (``sys.setprofile``): exact, where times are noisy."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            self.calls += 1
+
+    def on(self) -> None:
+        sys.setprofile(self._profile)
+
+    def off(self) -> None:
+        sys.setprofile(None)
+
+
+def _plain_loop(compiled: bool, steps: int, calls: _Calls) -> list[float]:
     import torch
 
     model = _model()
@@ -69,17 +98,20 @@ def _plain_loop(compiled: bool, steps: int) -> list[float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = [torch.randn(BATCH, WIDTH) for _ in range(16)]
     times = []
-    for i in range(steps):
+    for i in range(steps + COUNTED_STEPS):
+        if i == steps:
+            calls.on()
         start = time.perf_counter()
         opt.zero_grad()
         loss = step_model(data[i % 16]).pow(2).mean()
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - start)
-    return times
+    calls.off()
+    return times[:steps]
 
 
-def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int) -> list[float]:
+def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int, calls: _Calls) -> list[float]:
     import torch
 
     import lightning_compile_patch  # imported with `harness` already
@@ -89,6 +121,8 @@ def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int) -> 
         # Lightning as it is: applied, the package also compiles a compiled model passed in again after the wrap, with
         # some of its features, and "Lightning, `fit(torch.compile(m))`" would not be Lightning's own path
         lightning_compile_patch.remove()
+    elif not lightning_compile_patch.is_applied():  # after a Lightning path in the same process (`run_paired`)
+        lightning_compile_patch.apply()
 
     class Tiny(LightningModule):
         def __init__(self) -> None:
@@ -110,13 +144,17 @@ def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int) -> 
 
         def on_train_batch_start(self, *args: Any) -> None:
             self.at.append(time.perf_counter())
+            if len(self.at) == steps + 1:  # from this batch's start to the start of the last
+                calls.on()
+            elif len(self.at) == steps + 1 + COUNTED_STEPS:
+                calls.off()
 
     starts = Starts()
     model = Tiny()
     trainer = Trainer(
         accelerator="cpu",
         devices=1,
-        max_steps=steps + 1,
+        max_steps=steps + 1 + COUNTED_STEPS,
         **({} if use_compile is None else {"use_compile": use_compile or True}),
         callbacks=[starts],
         logger=False,
@@ -125,7 +163,7 @@ def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int) -> 
         enable_model_summary=False,
     )
     trainer.fit(torch.compile(model) if "torch.compile(m)" in name else model)
-    return [b - a for a, b in zip(starts.at, starts.at[1:], strict=False)]
+    return [b - a for a, b in zip(starts.at[: steps + 1], starts.at[1 : steps + 1], strict=False)]
 
 
 def run_one(name: str, steps: int) -> dict[str, Any]:
@@ -134,19 +172,50 @@ def run_one(name: str, steps: int) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     use_compile = paths()[name]
+    calls = _Calls()
     if name.startswith("plain loop"):
-        times = _plain_loop("compile" in name, steps)
+        times = _plain_loop("compile" in name, steps, calls)
     else:
-        times = _lightning(name, use_compile, steps)
+        times = _lightning(name, use_compile, steps, calls)
     steady = sorted(times[5:])
     import lightning_compile_patch  # imported with `harness`
 
     patched = lightning_compile_patch.is_applied()
-    return {"p10_us": 1e6 * steady[len(steady) // 10], "median_us": 1e6 * statistics.median(steady), "patched": patched}
+    return {
+        "p10_us": 1e6 * steady[len(steady) // 10],
+        "median_us": 1e6 * statistics.median(steady),
+        "calls": calls.calls / COUNTED_STEPS,
+        "patched": patched,
+    }
+
+
+#: The paths that `run_paired` times in turns, in one process.
+PAIRED = ("Lightning, `fit(torch.compile(m))`", "`use_compile`, every own key off", "`use_compile=True`")
+
+
+def run_paired(steps: int, rounds: int) -> list[list[float]]:
+    """In this process: each of `PAIRED` in turn, ``rounds`` times; each round's p10 step times, in µs.
+
+    Separate processes differ by far more than these paths do (on this 2-core VM a process runs fast or slow
+    throughout, up to 2x); paths that take turns in one process meet the same machine, and each round's ratios cancel
+    its speed. One process keeps Dynamo's state from run to run, which is why the table's figures come from fresh
+    processes, and these rounds only compare the paths with each other.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    pairs = []
+    for _ in range(rounds):
+        pair = []
+        for name in PAIRED:
+            steady = sorted(_lightning(name, paths()[name], steps, _Calls())[5:])
+            pair.append(1e6 * steady[len(steady) // 10])
+        pairs.append(pair)
+    return pairs
 
 
 def markdown(data: dict[str, Any]) -> str:
-    medians = data["p10_us"]
+    medians, calls = data["p10_us"], data["calls"]
     stock, plain = medians["Lightning, eager"], medians["plain loop, `torch.compile`"]
     stock_compiled, ours = medians["Lightning, `fit(torch.compile(m))`"], medians["`use_compile=True`"]
     off = medians["`use_compile`, every own key off"]
@@ -154,9 +223,11 @@ def markdown(data: dict[str, Any]) -> str:
     for name, value in medians.items():
         if name.startswith("`use_compile`, only"):
             continue
-        rows.append([name, fmt(value, ".0f"), fmt(ratio(value, stock), ".2f", "x")])
-    keys = [[name.split("`")[3], fmt(value - off, "+.0f")] for name, value in medians.items() if "only" in name]
-    own = ours - off
+        rows.append([name, fmt(value, ".0f"), fmt(ratio(value, stock), ".2f", "x"), fmt(calls[name], ".0f")])
+    off_calls = calls["`use_compile`, every own key off"]
+    keys = [[name.split("`")[3], fmt(calls[name] - off_calls, "+.0f")] for name in medians if "only" in name]
+    own, own_calls = ours - off, calls["`use_compile=True`"] - off_calls
+    loop_calls = calls["Lightning, eager"] - calls["plain loop, eager"]
     return "\n\n".join(
         [
             report_header("Host cost per training step: a tiny MLP, where a step is almost all host time", data),
@@ -164,35 +235,79 @@ def markdown(data: dict[str, Any]) -> str:
             f" process, {data['rounds']} rounds taking turns; each figure is the lowest over rounds of the path's p10"
             f" step time over {data['steps']} steps (the first 5 left out). A Lightning step is timed from one"
             " batch's start to the next: the whole loop. Lightning's eager and `fit(torch.compile(m))` paths run"
-            " Lightning as it is, with the package removed.",
-            markdown_table(("path", "µs per step (p10)", "vs Lightning eager"), rows),
+            " Lightning as it is, with the package removed. The Python calls per step are counted over"
+            f" {COUNTED_STEPS} steps after the timed ones; they are the same in every round.",
+            markdown_table(("path", "µs per step (p10)", "vs Lightning eager", "Python calls per step"), rows),
             f"`use_compile=True` against Lightning's own compiled path: {fmt(ratio(ours, stock_compiled), '.2f', 'x')};"
-            f" against the plain compiled loop: {fmt(ours - plain, '+.0f')} µs. The package's own keys together:"
-            f" {fmt(own, '+.0f')} µs per step, {fmt(100 * own / (stock - medians['plain loop, eager']), '.1f')}% of"
-            " what Lightning's loop adds to the plain eager loop.",
-            "What each default key costs on its own (only that key on, against every key off; within the noise, which"
-            " the spread of the rounds in the JSON shows):",
-            markdown_table(("key", "µs per step"), keys),
+            f" against the plain compiled loop: {fmt(ours - plain, '+.0f')} µs.",
+            "The package's own keys, every one of them on against all off: in Python calls, which do not vary from"
+            f" run to run, {fmt(own_calls, '+.0f')} calls per step, {fmt(100 * own_calls / loop_calls, '.1f')}% of"
+            f" the {fmt(loop_calls, '.0f')} that Lightning's loop adds to the plain eager loop. In the table's times,"
+            f" {fmt(own, '+.0f')} µs, {fmt(100 * own / (stock - medians['plain loop, eager']), '.1f')}% of what the"
+            " loop adds; but that difference comes from separate processes, which differ by more than that (the"
+            " JSON has every round), so the paired figure below is the one to go by.",
+            "What each default key costs on its own, in Python calls per step (only that key on, against every key"
+            " off; each key's time in the JSON is one sample in a process of its own, which tells nothing at this"
+            " size):",
+            markdown_table(("key", "Python calls per step"), keys),
+            _paired_markdown(data, stock - medians["plain loop, eager"]),
+        ]
+    )
+
+
+def _paired_markdown(data: dict[str, Any], loop_us: float) -> str:
+    stock, off, ours = (list(column) for column in zip(*data["paired_us"], strict=True))
+
+    def ratios(a: list[float], b: list[float]) -> str:
+        found = sorted(x / y for x, y in zip(a, b, strict=True))
+        return f"{fmt(statistics.median(found), '.3f')} ({fmt(found[0], '.3f')} to {fmt(found[-1], '.3f')})"
+
+    own = statistics.median(x / y for x, y in zip(ours, off, strict=True)) - 1
+    own_us = own * data["p10_us"][PAIRED[1]]
+    return "\n\n".join(
+        [
+            "The paths' times, measured where they can be told apart: Lightning's own compiled path, every key off and"
+            f" `use_compile=True` taking turns in one process, {len(ours)} rounds of {data['steps']} steps, each ratio"
+            " within its round (median, and the lowest to the highest):",
+            markdown_table(
+                ("ratio", "paired by round"),
+                [
+                    ["`use_compile=True` / Lightning's own `fit(torch.compile(m))`", ratios(ours, stock)],
+                    ["`use_compile=True` / every own key off", ratios(ours, off)],
+                    ["every own key off / Lightning's own `fit(torch.compile(m))`", ratios(off, stock)],
+                ],
+            ),
+            f"The keys' share: at the table's step time with every key off, {fmt(own_us, '+.0f')} µs per step,"
+            f" {fmt(100 * own_us / loop_us, '.1f')}% of what Lightning's loop adds to the plain eager loop.",
         ]
     )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--key-rounds", type=int, default=1)
+    parser.add_argument("--paired-rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=225)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--run", help=argparse.SUPPRESS)
+    parser.add_argument("--run-paired", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run:
         args.result.write_text(json.dumps(run_one(args.run, args.steps)))
         return 0
-    data = new_report("host_cost", argv, rounds=args.rounds, steps=args.steps, threads=1)
+    if args.run_paired:
+        args.result.write_text(json.dumps(run_paired(args.steps, args.paired_rounds)))
+        return 0
+    rounds = {"rounds": args.rounds, "key_rounds": args.key_rounds, "paired_rounds": args.paired_rounds}
+    data = new_report("host_cost", argv, **rounds, steps=args.steps, threads=1)
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in paths()}
     with tempfile.TemporaryDirectory() as workdir:
         for round_ in range(args.rounds):
             for name in samples:
+                if "only" in name and round_ >= args.key_rounds:
+                    continue
                 result = Path(workdir) / "result.json"
                 env_dir = Path(workdir) / f"inductor-{round_}"  # one cache a round: the same kernels, compiled once
                 command = [sys.executable, __file__, "--run", name, "--steps", str(args.steps), "--result", str(result)]
@@ -201,8 +316,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if name.startswith("Lightning") and samples[name][-1]["patched"]:
                     raise RuntimeError(f"{name!r} ran with the package applied, not as Lightning is")
                 print(f"round {round_ + 1}: {name}: {samples[name][-1]['p10_us']:.0f} µs", flush=True)
+        result = Path(workdir) / "paired.json"
+        command = [sys.executable, __file__, "--run-paired", "--steps", str(args.steps), "--result", str(result)]
+        command += ["--paired-rounds", str(args.paired_rounds)]
+        subprocess.run(command, check=True, env={**_env(), "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "paired")})
+        paired = json.loads(result.read_text())
+        print(f"paired: {paired}", flush=True)
     p10 = {name: min(s["p10_us"] for s in values) for name, values in samples.items()}  # load only adds time
-    data.update(samples=samples, p10_us=p10)
+    calls = {name: statistics.median(s["calls"] for s in values) for name, values in samples.items()}
+    off = samples["`use_compile`, every own key off"]
+    key_us = {  # each against all keys off in the same round: a later round may run on a quieter machine
+        name: statistics.median(s["p10_us"] - o["p10_us"] for s, o in zip(values, off, strict=False))
+        for name, values in samples.items()
+        if "only" in name
+    }
+    data.update(samples=samples, p10_us=p10, calls=calls, key_us=key_us, paired_us=paired)
     write_report(args.out, data, markdown(data))
     print(markdown(data))
     return 0

@@ -187,11 +187,20 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_and_host_cost_tables_from_
     p10.update({"plain loop, eager": 200.0, "plain loop, `torch.compile`": 300.0, "Lightning, eager": 1000.0})
     p10.update({"Lightning, `fit(torch.compile(m))`": 900.0, "`use_compile=True`": 850.0})
     p10.update({"`use_compile`, every own key off": 810.0, "`use_compile`, only `summary` on": 830.0})
-    text = host_cost.markdown({**host_cost.new_report("host_cost", [], rounds=1, steps=9), "p10_us": p10})
-    assert "| `use_compile=True` | 850 | 0.85x |" in text
+    calls = dict.fromkeys(host_cost.paths(), 1000.0)
+    calls.update({"plain loop, eager": 100.0, "Lightning, eager": 1100.0, "`use_compile=True`": 1030.0})
+    calls.update({"`use_compile`, only `summary` on": 1010.0})
+    report = host_cost.new_report("host_cost", [], rounds=1, key_rounds=1, steps=9)
+    paired = [[900.0, 810.0, 818.1], [850.0, 800.0, 840.0], [800.0, 820.0, 820.0]]  # keys: 1.01, 1.05, 1.00
+    text = host_cost.markdown({**report, "p10_us": p10, "calls": calls, "paired_us": paired})
+    assert "| `use_compile=True` | 850 | 0.85x | 1030 |" in text
     assert "Lightning's own compiled path: 0.94x; against the plain compiled loop: +550 µs" in text
-    assert "The package's own keys together: +40 µs per step, 5.0% of what Lightning's loop adds" in text
-    assert "| summary | +20 |" in text
+    assert "run to run, +30 calls per step, 3.0% of the 1000 that Lightning's loop adds" in text
+    assert "In the table's times, +40 µs, 5.0% of what the loop adds" in text
+    assert "| summary | +10 |" in text
+    assert "| `use_compile=True` / every own key off | 1.010 (1.000 to 1.050) |" in text
+    assert "| `use_compile=True` / Lightning's own `fit(torch.compile(m))` | 0.988 (0.909 to 1.025) |" in text
+    assert "every key off, +8 µs per step, 1.0% of what Lightning's loop adds" in text
 
 
 @pytest.mark.slow

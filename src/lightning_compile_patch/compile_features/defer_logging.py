@@ -81,7 +81,8 @@ class _LogBoundary:
             except BaseException:
                 self._pending.clear()
                 raise
-            self.flush()
+            if self._pending:
+                self.flush()
             return out
 
         return call

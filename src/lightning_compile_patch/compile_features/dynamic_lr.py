@@ -24,9 +24,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-import lightning.pytorch as pl
 from lightning.pytorch.core.module import LightningModule
 from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.strategies import Strategy
 from lightning_compile_patch.compile_features import _CompileFeature, _CompileOptions, _flag
 from lightning_compile_patch.compile_features import _private_names as private_names
 from lightning_compile_patch.compile_features._run import _CompileRun
@@ -90,13 +90,15 @@ class _DynamicLR(_CompileFeature):
         #: What the traced ``self.optimizers(use_pl_optimizer)`` returns, by its argument; one object per value for the
         #: run, since Dynamo guards on which object it is.
         self._current: dict[bool, Any] = {}
-        self._trainer: Optional[pl.Trainer] = None
+        #: The strategy's list of optimizers, and each one's list of groups, as ``_current`` was last refreshed.
+        self._refreshed: tuple[Optional[list[Any]], list[Any]] = (None, [])
+        self._strategy: Optional[Strategy] = None
 
     def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         module = run.trainer.lightning_module
         if "optimizers" in vars(module) or type(module).optimizers is not LightningModule.optimizers:
             return {}  # the module's own `optimizers`: it returns what it chooses, and the step gets just that
-        self._trainer = run.trainer
+        self._strategy = run.trainer.strategy
         eager, current = module.optimizers, self._current
 
         @functools.wraps(eager)
@@ -113,16 +115,28 @@ class _DynamicLR(_CompileFeature):
     def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
         @functools.wraps(original, updated=())
         def call(*args: Any, **kwargs: Any) -> Any:
-            if self._trainer is not None:
-                self._refresh(self._trainer)
+            if self._strategy is not None:
+                self._refresh(self._strategy)
             return compiled(*args, **kwargs)
 
         return call
 
-    def _refresh(self, trainer: pl.Trainer) -> None:
+    def _refresh(self, strategy: Strategy) -> None:
+        # It runs before every compiled call, so it first checks, at the cost of a few attribute reads, that nothing
+        # changed: the strategy sets a new list when its optimizers change, and `load_state_dict` gives an optimizer a
+        # new list of groups
+        optimizers = strategy.optimizers
+        refreshed_for, groups = self._refreshed
+        if optimizers is refreshed_for and len(optimizers) == len(groups):
+            for optimizer, group in zip(optimizers, groups, strict=True):
+                if optimizer.param_groups is not group:
+                    break
+            else:
+                return
         # what `LightningModule.optimizers` returns, read where it reads it (no hook of the module is called)
-        self._current[True] = self._viewed(private_names.lightning_optimizers(trainer.strategy))
-        self._current[False] = self._viewed(trainer.optimizers)
+        self._current[True] = self._viewed(private_names.lightning_optimizers(strategy))
+        self._current[False] = self._viewed(optimizers)
+        self._refreshed = (optimizers, [optimizer.param_groups for optimizer in optimizers])
 
     def _viewed(self, optimizers: list[Any]) -> Any:
         views = [self._view(optimizer) for optimizer in optimizers]
@@ -137,7 +151,8 @@ class _DynamicLR(_CompileFeature):
         return view
 
     def teardown(self, run: _CompileRun) -> None:
-        self._views, self._lists, self._trainer = {}, {}, None
+        self._views, self._lists, self._strategy = {}, {}, None
+        self._refreshed = (None, [])
         self._current.clear()
 
 

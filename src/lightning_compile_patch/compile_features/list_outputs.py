@@ -106,6 +106,19 @@ def _collected_by_steps(cls: type, name: str) -> bool:
     return found
 
 
+def _attribute_names(cls: type) -> frozenset[str]:
+    """The names in the module's own code, hooks included: every list `_collected_by_steps` accepts is among them."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] in _FRAMEWORK:
+            continue
+        for value in vars(klass).values():
+            code = getattr(getattr(value, "__func__", getattr(value, "fget", value)), "__code__", None)
+            for inner in _codes(code) if code is not None else ():
+                names.update(inner.co_names)
+    return frozenset(names)
+
+
 class _ListView:
     """Stands for a list of the module while a compiled step runs; each call runs on the list, outside the graph."""
 
@@ -144,9 +157,14 @@ class _ListOutputs(_CompileFeature):
         _flag(options, "list_outputs")
         self._module: Optional[Any] = None
         self._views: dict[str, _ListView] = {}  # one view per name for the run: Dynamo guards on its identity
+        #: The names in the module's code, and which of them the module has, as of its attributes' names in ``_keys``.
+        self._named: frozenset[str] = frozenset()
+        self._watched: list[str] = []
+        self._keys: set[str] = set()
 
     def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         self._module, self._views = run.trainer.lightning_module, {}
+        self._named, self._watched, self._keys = _attribute_names(type(self._module)), [], set()
         return {}
 
     def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
@@ -160,7 +178,15 @@ class _ListOutputs(_CompileFeature):
                     view._list = value
                     attributes[name] = view
                     swapped[name] = value
-            lengths = {name: len(value) for name, value in attributes.items() if type(value) is list}
+            # the lengths of the lists the step may collect into, watched by name: the module has tens of attributes
+            if attributes.keys() != self._keys:
+                self._keys = set(attributes)
+                self._watched = [name for name in attributes if name in self._named]
+            lengths = {}
+            for name in self._watched:
+                value = attributes.get(name)
+                if type(value) is list:
+                    lengths[name] = len(value)
             try:
                 return compiled(*args, **kwargs)
             finally:
@@ -177,6 +203,7 @@ class _ListOutputs(_CompileFeature):
 
     def teardown(self, run: _CompileRun) -> None:
         self._module, self._views = None, {}
+        self._named, self._watched, self._keys = frozenset(), [], set()
 
 
 FEATURE = _ListOutputs

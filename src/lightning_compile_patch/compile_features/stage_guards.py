@@ -32,8 +32,12 @@ _CHECKED = Version(torch.__version__.split("+")[0]) >= Version("2.13")
 class _KeyedTrainerState(TrainerState):
     """``TrainerState`` whose class names its ``fn`` and ``stage``: the type guard of a compiled step keys on them."""
 
-    def _rekey(self) -> None:
-        self.__class__ = _keyed_class(self.__dict__.get("fn"), self.__dict__.get("stage"))
+    # Lightning reads `fn` and `stage` many times a step (`trainer.training`, ...), and sets them a few times a run: the
+    # class is switched as they are set, so that reading them stays a plain attribute read
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _KEYED:
+            object.__setattr__(self, "__class__", _keyed_class(self.fn, self.stage))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TrainerState):
@@ -48,20 +52,6 @@ class _KeyedTrainerState(TrainerState):
     def __reduce__(self) -> tuple:
         return TrainerState, (self.status, self.fn, self.stage)  # a plain state: the keyed classes are the run's
 
-
-def _field(name: str) -> property:
-    def get(self: _KeyedTrainerState) -> Any:
-        return self.__dict__.get(name)
-
-    def set_(self: _KeyedTrainerState, value: Any) -> None:
-        self.__dict__[name] = value
-        self._rekey()
-
-    return property(get, set_, doc=f"``TrainerState.{name}``; setting it switches the state's class")
-
-
-for _name in _KEYED:
-    setattr(_KeyedTrainerState, _name, _field(_name))
 
 _CLASSES: dict[tuple[Optional[TrainerFn], Optional[RunningStage]], type[_KeyedTrainerState]] = {}
 

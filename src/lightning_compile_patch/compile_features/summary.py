@@ -99,7 +99,7 @@ class _CompileSummary:
         )
 
 
-@dataclass
+@dataclass(slots=True)  # one a step: slots make it quicker to make and to read
 class _Step:
     """One step in progress: what kind it is, and whether a graph of its own compiled code has run during it."""
 
@@ -168,20 +168,38 @@ def _runs_in_step_code(frame: Optional[FrameType]) -> bool:
     step itself runs eagerly (Dynamo skipped it, or it hit the recompile limit) and a function it calls runs compiled
     on its own, such as the model's ``forward``: a user's frame runs uncompiled in between.
 
+    It runs on every compiled step, so what it found of each code is kept for the run (`_KNOWN_CODES`).
+
     """
     while frame is not None:
         code = frame.f_code
-        if _contains(_STEP_WRAPPERS, code):
+        known = _KNOWN_CODES.get(id(code))  # by id: hashing a code object hashes its bytecode and constants
+        if known is None or known[0] is not code:
+            if _contains(_STEP_WRAPPERS, code):
+                known = (code, True)
+            elif _passes_through(code):
+                known = (code, False)
+            else:
+                return False  # a frame of another's (not remembered: the walk ends at it)
+            _KNOWN_CODES[id(code)] = known
+        if known[1]:
             return True
-        ours = (
-            _contains(private_names.OUTPUT_CODES, code)
-            or code.co_filename.startswith(_PASS_THROUGH)
-            or _contains(_PASS_THROUGH_CODES, code)
-        )
-        if not ours:
-            return False
         frame = frame.f_back
     return False
+
+
+#: The codes that `_runs_in_step_code` walked through in this run, by id: each code, and whether it is a step's
+#: wrapper. Cleared as a run starts and ends: it holds Dynamo's output codes, which `torch._dynamo.reset` lets go.
+_KNOWN_CODES: dict[int, tuple[CodeType, bool]] = {}
+
+
+def _passes_through(code: CodeType) -> bool:
+    """Whether a frame running ``code`` passes a graph's call through to the step: compiled code, torch's, ours."""
+    return (
+        _contains(private_names.OUTPUT_CODES, code)
+        or code.co_filename.startswith(_PASS_THROUGH)
+        or _contains(_PASS_THROUGH_CODES, code)
+    )
 
 
 def _contains(codes: Any, code: CodeType) -> bool:
@@ -374,6 +392,8 @@ class _CompileReport:
         logger = logging.getLogger(private_names.RECOMPILE_LIMIT_LOGGER)
         logger.addFilter(self._watch)
         run.defer(logger.removeFilter, self._watch, scope="run")
+        _KNOWN_CODES.clear()
+        run.defer(_KNOWN_CODES.clear, scope="run")
         strategy = run.trainer.strategy
         # the strategy's step methods, for the whole run: a step still counts (as eager) once a fallback has
         # uncompiled the model, and with it the wrappers of `timed`
@@ -385,6 +405,7 @@ class _CompileReport:
 
     def counted(self, run_step: Callable, name: str, kind: str, run: _CompileRun) -> Callable:
         """Wraps one of the strategy's step methods to count each step it runs as compiled or eager."""
+        compiled_steps = self.summary.compiled_steps
 
         def call(*args: Any, **kwargs: Any) -> Any:
             step = _Step(kind, started_us=_wall_ns() // 1000)
@@ -394,9 +415,10 @@ class _CompileReport:
             finally:
                 _STEPS.remove(step)
             # a step that fell back ran eagerly, whatever graphs of its own ran before the part that failed
-            compiled = step.compiled and not self.fell_back()
-            module = run.trainer.lightning_module
-            self._count_step(step, compiled, getattr(module, name, None))
+            if step.compiled and not run.fell_back:
+                compiled_steps[kind] = compiled_steps.get(kind, 0) + 1
+            else:
+                self._count_uncompiled(step, run, name)
             return out
 
         return call
@@ -426,13 +448,13 @@ class _CompileReport:
         _STEP_WRAPPERS.add(call.__code__)
         return call
 
-    def _count_step(self, step: _Step, compiled: bool, step_function: Any) -> None:
+    def _count_uncompiled(self, step: _Step, run: _CompileRun, name: str) -> None:
+        """Counts a step whose own code ran eagerly, by its cause (a compiled step is counted where it ends)."""
         kind, summary = step.kind, self.summary
-        in_parts = not compiled and step.called_graphs and not self.fell_back()
-        steps = summary.compiled_steps if compiled else summary.parts_steps if in_parts else summary.eager_steps
+        in_parts = step.called_graphs and not self.fell_back()
+        steps = summary.parts_steps if in_parts else summary.eager_steps
         steps[kind] = steps.get(kind, 0) + 1
-        if compiled:
-            return
+        step_function = getattr(run.trainer.lightning_module, name, None)
         cause, explanation = self._eager_cause(step_function, step.started_us)
         causes = summary.parts_causes if in_parts else summary.eager_causes
         causes[cause] = causes.get(cause, 0) + 1
