@@ -9,7 +9,7 @@ a fresh process (its own compile, nothing shared), and the paths take turns roun
 machine's load hits every path alike; a path's figure is the lowest over rounds of its p10 step time (the fastest
 tenth of its steps: the host's own cost; another job on the machine only ever adds time). The ratios come from this
 one run; differences of a few tens of µs are within the noise of a shared machine (the JSON has every round): on
-this 2-core VM, one process's p10 came out anywhere between 820 and 1,500 µs for the same path.
+this 2-core VM, one process's p10 came out anywhere between about 700 and 1,500 µs for the same path.
 
 So each path also counts the Python function calls of a step (``sys.setprofile``, over 20 steps after the timed ones),
 which are the same in every run: what the package adds to a step is its own Python, and the calls measure it exactly.
@@ -324,13 +324,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"paired: {paired}", flush=True)
     p10 = {name: min(s["p10_us"] for s in values) for name, values in samples.items()}  # load only adds time
     calls = {name: statistics.median(s["calls"] for s in values) for name, values in samples.items()}
-    off = samples["`use_compile`, every own key off"]
-    key_us = {  # each against all keys off in the same round: a later round may run on a quieter machine
-        name: statistics.median(s["p10_us"] - o["p10_us"] for s, o in zip(values, off, strict=False))
-        for name, values in samples.items()
-        if "only" in name
-    }
-    data.update(samples=samples, p10_us=p10, calls=calls, key_us=key_us, paired_us=paired)
+    data.update(samples=samples, p10_us=p10, calls=calls, paired_us=paired)
     write_report(args.out, data, markdown(data))
     print(markdown(data))
     return 0

@@ -25,7 +25,7 @@ from helpers import QUIET
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-#: The package's default keys: those that act on every compiled step, then the others.
+#: The package's default keys (`optimize_ddp` aside: DDP only): those that act on every compiled step, then the others.
 KEYS = ("summary", "compile_errors", "defer_logging", "list_outputs", "dynamic_lr", "stage_guards")
 KEYS += ("eager_metrics", "dynamic_loop_counters", "compile_budget", "no_grad_evaluation", "check_tensor_parallel")
 KEYS += ("eager_optimizer_steps", "in_parts")

@@ -18,7 +18,7 @@ its guards, as does a list no step changes (class names, layer sizes).
 import dis
 import functools
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional
 
 import torch
@@ -86,37 +86,33 @@ def _used_in_view(code: types.CodeType, name: str) -> Optional[bool]:
     return found
 
 
-def _collected_by_steps(cls: type, name: str) -> bool:
-    """Whether the module's own code outside its hooks uses ``self.<name>`` only through its methods and subscripts."""
-    found = False
+def _own_codes(cls: type) -> Iterator[tuple[str, types.CodeType]]:
+    """The code of each function, method and property of the module's own classes (not Lightning's), by name."""
     for klass in cls.__mro__:
         if klass.__module__.split(".")[0] in _FRAMEWORK:
             continue
         for attribute, value in vars(klass).items():
-            if attribute in _HOOKS or attribute.startswith(("on_", "configure_")) or attribute.endswith("_dataloader"):
-                continue
-            function = getattr(value, "__func__", getattr(value, "fget", value))
-            code = getattr(function, "__code__", None)
-            if code is None:
-                continue
-            uses = _used_in_view(code, name)
-            if uses is False:
-                return False
-            found = found or bool(uses)
+            code = getattr(getattr(value, "__func__", getattr(value, "fget", value)), "__code__", None)
+            if code is not None:
+                yield attribute, code
+
+
+def _collected_by_steps(cls: type, name: str) -> bool:
+    """Whether the module's own code outside its hooks uses ``self.<name>`` only through its methods and subscripts."""
+    found = False
+    for attribute, code in _own_codes(cls):
+        if attribute in _HOOKS or attribute.startswith(("on_", "configure_")) or attribute.endswith("_dataloader"):
+            continue
+        uses = _used_in_view(code, name)
+        if uses is False:
+            return False
+        found = found or bool(uses)
     return found
 
 
 def _attribute_names(cls: type) -> frozenset[str]:
     """The names in the module's own code, hooks included: every list `_collected_by_steps` accepts is among them."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] in _FRAMEWORK:
-            continue
-        for value in vars(klass).values():
-            code = getattr(getattr(value, "__func__", getattr(value, "fget", value)), "__code__", None)
-            for inner in _codes(code) if code is not None else ():
-                names.update(inner.co_names)
-    return frozenset(names)
+    return frozenset(name for _, code in _own_codes(cls) for inner in _codes(code) for name in inner.co_names)
 
 
 class _ListView:

@@ -451,7 +451,7 @@ class _CompileReport:
     def _count_uncompiled(self, step: _Step, run: _CompileRun, name: str) -> None:
         """Counts a step whose own code ran eagerly, by its cause (a compiled step is counted where it ends)."""
         kind, summary = step.kind, self.summary
-        in_parts = step.called_graphs and not self.fell_back()
+        in_parts = step.called_graphs and not run.fell_back
         steps = summary.parts_steps if in_parts else summary.eager_steps
         steps[kind] = steps.get(kind, 0) + 1
         step_function = getattr(run.trainer.lightning_module, name, None)
