@@ -482,6 +482,34 @@ def test_a_wrapped_graph_is_called_as_the_backend_compiled_it():
     assert calls == [1]
 
 
+@exercises("undisabled")
+def test_a_graph_is_run_without_the_backends_own_disable():
+    def graph(x):
+        return torch.sin(x) + 1
+
+    assert private.undisabled(graph) is graph
+    assert private.undisabled(torch.compiler.disable(graph)) is graph
+    only_its_frame = torch._dynamo.disable(lambda x: graph(x), recursive=False)  # 2.6 marks the function itself
+    assert private.undisabled(only_its_frame) is only_its_frame  # what it calls is compiled: kept
+
+    calls = []
+
+    def counting(gm, example_inputs):  # as the summary's backend: AOTAutograd's graph, run inside Dynamo's wrapper
+        compiled = torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+        inner = private.undisabled(compiled)
+        assert inner is not compiled  # AOTAutograd disables around its graph, as Dynamo does around `run`
+
+        def run(*args):
+            calls.append(torch._dynamo.is_compiling())
+            return inner(*args)
+
+        return private.run_like(run, compiled)
+
+    fn = torch.compile(graph, backend=counting)
+    assert torch.equal(fn(torch.ones(2)), graph(torch.ones(2)))
+    assert calls == [False]
+
+
 @exercises("wrapped_function")
 def test_the_function_a_wrapper_stands_for_is_found():
     def step(x):
@@ -493,10 +521,10 @@ def test_the_function_a_wrapper_stands_for_is_found():
     assert private.wrapped_function(functools.partial(step, 1)) is step
 
 
-@exercises("calling_frame")
-def test_the_calling_frame_is_the_callers_caller():
+@exercises("frame_above")
+def test_the_frame_above_is_the_callers():
     def graph():
-        return private.calling_frame()
+        return private.frame_above(1)
 
     def caller():
         return graph()

@@ -73,14 +73,18 @@ class _CompileFeature:
     ``teardown`` in reverse, on every path. ``order`` only says how ``wrap`` nests, lowest innermost:
 
     ====  ================  =====================================================================
+    1     summary           marks where the step's compiled code starts (a step is counted where
+                            the strategy runs it), and times the first compiled step
     5     list_outputs      puts the module's lists behind their views for the compiled call only
     5     dynamic_lr        refreshes the optimizers' views that a traced ``self.optimizers()`` returns
     10    defer_logging     replays ``self.log`` right after the compiled call, inside the others
     45    compiled_autograd syncs DDP's buffers around the compiled call
     80    fallback          catches a compile error and runs the step eagerly instead
     90    compile_errors    names the run in a compile error that nothing inside caught
-    95    summary           counts the step as compiled or eager: outermost, so a fallback counts
     ====  ================  =====================================================================
+
+    A feature with nothing to do for a run's module returns ``compiled`` as it is: each wrapper is a call on every
+    step.
 
     """
 

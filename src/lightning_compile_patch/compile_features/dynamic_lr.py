@@ -19,6 +19,7 @@ itself when a step passes them its view.
 """
 
 import functools
+import operator
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -33,6 +34,7 @@ from lightning_compile_patch.compile_features._run import _CompileRun
 
 #: The module's methods that take an optimizer from the step, and compare it with the Trainer's.
 _TAKES_OPTIMIZER = ("toggle_optimizer", "untoggle_optimizer", "clip_gradients")
+_GROUPS = operator.attrgetter("param_groups")
 
 
 class _OptimizerView:
@@ -113,30 +115,32 @@ class _DynamicLR(_CompileFeature):
         return {}
 
     def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
+        strategy = self._strategy
+        if strategy is None:
+            return compiled  # the module's own `optimizers`
+
         @functools.wraps(original, updated=())
         def call(*args: Any, **kwargs: Any) -> Any:
-            if self._strategy is not None:
-                self._refresh(self._strategy)
+            # before every compiled call, so it first checks, with a few attribute reads and no call of Python, that
+            # nothing changed: the strategy sets a new list when its optimizers change, and `load_state_dict` gives an
+            # optimizer a new list of groups
+            optimizers, (refreshed_for, groups) = strategy.optimizers, self._refreshed
+            if not (
+                optimizers is refreshed_for
+                and len(optimizers) == len(groups)
+                and all(map(operator.is_, map(_GROUPS, optimizers), groups))
+            ):
+                self._refresh(strategy)
             return compiled(*args, **kwargs)
 
         return call
 
     def _refresh(self, strategy: Strategy) -> None:
-        # It runs before every compiled call, so it first checks, at the cost of a few attribute reads, that nothing
-        # changed: the strategy sets a new list when its optimizers change, and `load_state_dict` gives an optimizer a
-        # new list of groups
-        optimizers = strategy.optimizers
-        refreshed_for, groups = self._refreshed
-        if optimizers is refreshed_for and len(optimizers) == len(groups):
-            for optimizer, group in zip(optimizers, groups, strict=True):
-                if optimizer.param_groups is not group:
-                    break
-            else:
-                return
         # what `LightningModule.optimizers` returns, read where it reads it (no hook of the module is called)
+        optimizers = strategy.optimizers
         self._current[True] = self._viewed(private_names.lightning_optimizers(strategy))
         self._current[False] = self._viewed(optimizers)
-        self._refreshed = (optimizers, [optimizer.param_groups for optimizer in optimizers])
+        self._refreshed = (optimizers, list(map(_GROUPS, optimizers)))
 
     def _viewed(self, optimizers: list[Any]) -> Any:
         views = [self._view(optimizer) for optimizer in optimizers]

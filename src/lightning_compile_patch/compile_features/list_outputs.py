@@ -73,19 +73,6 @@ def _kept_in_view(instructions: list, index: int) -> bool:
     return 0 < loads < len(after) and after[loads].opname in _SUBSCRIPT
 
 
-def _used_in_view(code: types.CodeType, name: str) -> Optional[bool]:
-    """Whether every use of the attribute ``name`` in ``code`` is a method call or a subscript (``None``: no use)."""
-    found = None
-    for inner in _codes(code):
-        instructions = [i for i in dis.get_instructions(inner) if i.opname not in ("CACHE", "EXTENDED_ARG", "NOP")]
-        for index, instruction in enumerate(instructions):
-            if instruction.argval == name and ("ATTR" in instruction.opname or "METHOD" in instruction.opname):
-                if not _kept_in_view(instructions, index):
-                    return False
-                found = True
-    return found
-
-
 def _own_codes(cls: type) -> Iterator[tuple[str, types.CodeType]]:
     """The code of each function, method and property of the module's own classes (not Lightning's), by name."""
     for klass in cls.__mro__:
@@ -97,22 +84,24 @@ def _own_codes(cls: type) -> Iterator[tuple[str, types.CodeType]]:
                 yield attribute, code
 
 
-def _collected_by_steps(cls: type, name: str) -> bool:
-    """Whether the module's own code outside its hooks uses ``self.<name>`` only through its methods and subscripts."""
-    found = False
+def _collected_by_steps(cls: type) -> frozenset[str]:
+    """The attributes that the module's own code outside its hooks uses, and uses only through methods and subscripts.
+
+    Read once per run, in one pass over the code: the lists among them are those a step may collect into.
+
+    """
+    used: set[str] = set()
+    passed_on: set[str] = set()
     for attribute, code in _own_codes(cls):
         if attribute in _HOOKS or attribute.startswith(("on_", "configure_")) or attribute.endswith("_dataloader"):
             continue
-        uses = _used_in_view(code, name)
-        if uses is False:
-            return False
-        found = found or bool(uses)
-    return found
-
-
-def _attribute_names(cls: type) -> frozenset[str]:
-    """The names in the module's own code, hooks included: every list `_collected_by_steps` accepts is among them."""
-    return frozenset(name for _, code in _own_codes(cls) for inner in _codes(code) for name in inner.co_names)
+        for inner in _codes(code):
+            instructions = [i for i in dis.get_instructions(inner) if i.opname not in ("CACHE", "EXTENDED_ARG", "NOP")]
+            for index, instruction in enumerate(instructions):
+                if "ATTR" in instruction.opname or "METHOD" in instruction.opname:
+                    kept = _kept_in_view(instructions, index)
+                    (used if kept else passed_on).add(instruction.argval)
+    return frozenset(used - passed_on)
 
 
 class _ListView:
@@ -153,17 +142,18 @@ class _ListOutputs(_CompileFeature):
         _flag(options, "list_outputs")
         self._module: Optional[Any] = None
         self._views: dict[str, _ListView] = {}  # one view per name for the run: Dynamo guards on its identity
-        #: The names in the module's code, and which of them the module has, as of its attributes' names in ``_keys``.
-        self._named: frozenset[str] = frozenset()
-        self._watched: list[str] = []
-        self._keys: set[str] = set()
+        #: The attributes whose lengths each compiled call watches: those the module's code may collect into.
+        self._collected: frozenset[str] = frozenset()
 
     def setup(self, run: _CompileRun) -> Mapping[str, Any]:
         self._module, self._views = run.trainer.lightning_module, {}
-        self._named, self._watched, self._keys = _attribute_names(type(self._module)), [], set()
+        self._collected = _collected_by_steps(type(self._module))
         return {}
 
     def wrap(self, run: _CompileRun, compiled: Callable, original: Callable) -> Callable:
+        if not self._collected:
+            return compiled  # no list to watch: the call costs nothing more
+
         @functools.wraps(original, updated=())
         def call(*args: Any, **kwargs: Any) -> Any:
             attributes = vars(self._module)
@@ -174,12 +164,8 @@ class _ListOutputs(_CompileFeature):
                     view._list = value
                     attributes[name] = view
                     swapped[name] = value
-            # the lengths of the lists the step may collect into, watched by name: the module has tens of attributes
-            if attributes.keys() != self._keys:
-                self._keys = set(attributes)
-                self._watched = [name for name in attributes if name in self._named]
-            lengths = {}
-            for name in self._watched:
+            lengths = {}  # of the lists the step may collect into
+            for name in self._collected:
                 value = attributes.get(name)
                 if type(value) is list:
                     lengths[name] = len(value)
@@ -192,14 +178,13 @@ class _ListOutputs(_CompileFeature):
                     self._views[name]._list = []
                 for name, length in lengths.items():
                     value = attributes.get(name)
-                    if type(value) is list and len(value) != length and _collected_by_steps(type(self._module), name):
+                    if type(value) is list and len(value) != length:
                         self._views[name] = _ListView()  # collected by the step: behind a view from the next call on
 
         return call
 
     def teardown(self, run: _CompileRun) -> None:
-        self._module, self._views = None, {}
-        self._named, self._watched, self._keys = frozenset(), [], set()
+        self._module, self._views, self._collected = None, {}, frozenset()
 
 
 FEATURE = _ListOutputs

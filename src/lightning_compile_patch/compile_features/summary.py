@@ -126,15 +126,16 @@ class _CountingBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
         compiled = self.inner(gm, example_inputs, **kwargs)
+        graph = private_names.undisabled(compiled)  # Dynamo disables itself around `call`: once is enough
 
         def call(*args: Any) -> Any:
             # whose graph this is can only be told when it runs: a graph compiled while a step ran compiled may run
             # later from a step that runs eagerly (a helper behind a graph break, once the step hit the limit). It
             # counts once it has run: a graph that raised ran nothing.
-            out = compiled(*args)
+            out = graph(*args)
             if _STEPS and not _STEPS[-1].compiled:
                 step = _STEPS[-1]
-                if _runs_in_step_code(private_names.calling_frame()):
+                if _runs_in_step_code(private_names.frame_above(1)):
                     step.compiled = True
                 else:
                     step.called_graphs = True
@@ -378,6 +379,8 @@ class _CompileReport:
         self._breaks_before = private_names.graph_breaks()
         self._watch = _RecompileLimitWatch(self.summary.recompile_limit_hits)
         self._first_step: dict[bool, Optional[float]] = {}
+        #: Whether the last compiled call raised: the call after it is the same step, called again by `fallback`.
+        self._raised = False
         #: Why the frames of eager steps ran uncompiled, by frame, for every run of the Trainer: Dynamo keeps only its
         #: last 64 metrics, and a frame it skipped in ``fit`` stays skipped in the same Trainer's ``validate``.
         self._skipped = skipped
@@ -434,12 +437,15 @@ class _CompileReport:
             training = torch.is_grad_enabled()
             if training not in self._first_step:
                 self._announce_start(training)
-            elif self._first_step[training] is not None:
+            elif self._first_step[training] is not None and not self._raised:
                 self._announce_done(training)  # a training step ends after its backward: at the next call
+            self._raised = False
             try:
                 out = compiled(*args, **kwargs)
             except BaseException:
-                self._first_step[training] = None  # a step that raised took no time to report
+                # a first step that raised is still being compiled when `fallback`, outside, calls it again; a run
+                # that it ends reports no time (`finish`)
+                self._raised = True
                 raise
             if not training and self._first_step.get(training) is not None:
                 self._announce_done(training)
@@ -555,7 +561,8 @@ class _CompileReport:
         self.summary.fell_back = self.fell_back()
         self.summary.notes = self.notes()
         for training, started in self._first_step.items():
-            if started is not None and completed:  # the step ended (a training step's backward too)
+            # the step ended (a training step's backward too), and compiled
+            if started is not None and completed and not self.summary.fell_back:
                 self._announce_done(training)
         summary = self.summary
         summary.graphs = private_names.graphs_compiled() - self._graphs_before
@@ -583,7 +590,7 @@ class _Summary(_CompileFeature):
     """Tells what the compiler did: the first compiled steps, recompile-limit hits, and one summary line per run."""
 
     keys = {"summary": "True: count the steps that ran compiled and eager, and warn of each eager step's cause"}
-    order = 95  # outermost: a step that `fallback` ran eagerly counts as eager
+    order = 1  # innermost: its wrapper marks where the step's compiled code starts, a few frames above each graph
 
     def __init__(self, options: _CompileOptions) -> None:
         _flag(options, "summary")
