@@ -6,6 +6,7 @@ cause, and trains exactly as eager does. With ``in_parts`` off, the same steps r
 """
 
 import inspect
+import time
 import warnings
 
 import pytest
@@ -320,16 +321,27 @@ def test_a_compile_error_stops_the_run_by_default():
         train(DynamoError, {"backend": "aot_eager"})
 
 
+class SlowRetry(DynamoError):
+    """A `DynamoError` whose step takes a second the first time it runs uncompiled: the retry that `fallback` makes."""
+
+    slept = False
+
+    def step(self, batch):
+        if not torch.compiler.is_compiling() and not self.slept:
+            self.slept = True
+            time.sleep(1.0)
+        return super().step(batch)
+
+
 def test_a_first_step_that_fallback_calls_again_is_announced_once_with_its_whole_time(caplog):
     # bug: the summary's wrapper, innermost, announced "compiling the first training step" at each of fallback's calls
-    # of the first step, and "took 0.1 s" as the second began
+    # of the first step, and "took 0.1 s" as the retry began: the failed compile's time, without the retry's second
     with caplog.at_level("INFO"):
-        summary, _ = assert_trains_as_eager(DynamoError, {"backend": "aot_eager", "fallback": "eager"})
+        assert_trains_as_eager(SlowRetry, {"backend": "aot_eager", "fallback": "eager"})
     told = [record.getMessage() for record in caplog.records if "first" in record.getMessage()]
     assert sum("compiling the first training step" in line for line in told) == 1, told
     (took,) = [line for line in told if "first compiled training step took" in line]
-    # the failed compile, then the one that ran: most of the run's compile time (the evaluation step's is the rest)
-    assert float(took.rsplit(" took ", 1)[1].split()[0]) >= summary.compile_seconds / 2, (took, summary)
+    assert float(took.rsplit(" took ", 1)[1].split()[0]) >= 1.0, took
 
 
 def test_fallback_eager_after_a_compile_error_runs_the_failed_frames_eagerly_and_the_rest_compiled():
