@@ -126,8 +126,9 @@ def step_timer() -> Any:
                 self.cpu.append(time.process_time() - self._start[1])
             step = len(self.cpu)
             if step == 0 or (step >= WARMUP_STEPS and (step - WARMUP_STEPS) % WINDOW == 0):
-                window = self.cpu[-WINDOW:] if step > WARMUP_STEPS else []  # none yet: set up, or compiled
-                print(json.dumps({"window": window}), flush=True)
+                done = step > WARMUP_STEPS  # none yet: set up, or compiled
+                window = {"window": self.cpu[-WINDOW:] if done else [], "wall": self.wall[-WINDOW:] if done else []}
+                print(json.dumps(window), flush=True)
                 if sys.stdin.readline().strip() == "stop":
                     trainer.should_stop = True
                     return -1  # Lightning's word for: no more steps in this epoch
@@ -207,13 +208,16 @@ class _Configuration:
             command, env=env, cwd=workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
         )
         self.windows: list[float] = []  # the median of each steady window
+        self.waits: list[float] = []  # each steady step's wall time against its CPU time
 
     def wait(self) -> list[float]:
-        """Waits until the process reports (set up, compiled, or a window done), and returns the window's times."""
+        """Waits until the process reports (set up, compiled, or a window done), and returns the window's CPU times."""
         assert self.process.stdout is not None
         for line in self.process.stdout:
             if line.startswith('{"window"'):
-                return json.loads(line)["window"]
+                report = json.loads(line)
+                self.waits += [wall / cpu for wall, cpu in zip(report["wall"], report["window"], strict=True)]
+                return report["window"]
         self.log.close()
         raise RuntimeError(f"{self.name} stopped; its output: {Path(self.log.name).read_text()[-3000:]}")
 
@@ -229,6 +233,7 @@ class _Configuration:
             raise RuntimeError(f"{self.name} failed; its output: {Path(self.log.name).read_text()[-3000:]}")
         self.log.close()
         measured = {"steady_step_ms": 1000 * min(self.windows), "windows": self.windows, "warm": self.warm}
+        measured["wall_per_cpu"] = statistics.median(self.waits)
         return {**json.loads(self.out.read_text()), **measured}
 
 
@@ -350,11 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     ours = by_name["use_compile=True"]
     for theirs, why in ((results[0], ""), (by_name["Lightning: fit(torch.compile(model))"], "; they compile one step")):
         print(f"use_compile=True against {theirs['name']}: {verdict(paired_ratios(ours, theirs))}{why}")
-    load = os.getloadavg()[0]
-    if load > 0.75 * (os.cpu_count() or 1):
+    waited = statistics.median(r["wall_per_cpu"] for r in results)
+    if waited > 1.1:  # another job ran while the demo's steps did
         print(
-            f"The machine was busy while the demo ran (load average {load:.1f} on {os.cpu_count()} cores): the first"
-            " steps took longer, and the steady steps are compared in CPU time, which the other job does not add to."
+            f"The machine was busy while the demo ran: a steady step's wall time was {waited:.2f}x its CPU time. The"
+            " first steps took longer; the steady steps are compared in CPU time, which the other job does not add to."
         )
     print(COLD_LINE)
     print(GPU_LINE)
