@@ -85,8 +85,10 @@ def allowed_for(key, value, options):
             return OK  # unset: torch's own setting applies (the package's default is "auto")
         return OK if any(type(value) is type(c) and value == c for c in OPTIMIZE_DDP) else {ValueError}
     if key == "fallback":
-        return OK if value is None or value == "eager" else {ValueError}
+        return OK if value is None or value is False or value == "eager" else {ValueError}  # False: off, as None
     if key == "regions":
+        if value is False:
+            return OK  # off, as for every feature's key
         if value is None:
             return {None, TypeError}
         items = value if isinstance(value, (list, tuple)) else [value]
@@ -182,6 +184,9 @@ def test_what_the_trainer_accepts_torch_compile_accepts_too(value):
         ({"fullgraph": "yes"}, TypeError),
         ({"optimize_ddp": 1}, ValueError),
         ({"regions": [int]}, TypeError),
+        ({"regions": False}, None),
+        ({"fallback": False}, None),
+        ({"fallback": True}, ValueError),
         ({"cache": 3}, TypeError),
         ({"cache": "dir"}, None if TORCH_2_7 else RuntimeError),
         ({"backedn": "eager"}, ValueError),
