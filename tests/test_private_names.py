@@ -12,11 +12,13 @@ reason, fails ``test_no_module_reaches_a_private_name_but_through_private_names`
 
 import ast
 import functools
+import gc
 import inspect
 import logging
 import os
 import re
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -426,6 +428,13 @@ def test_ddp_built_under_the_python_reducer_is_told_synced_and_undone(tmp_path):
             private.stop_tracing_ddp_file()
             assert not private.ddp_file_traced()
     finally:
+        # Torch destroys a gloo group holding the GIL while it joins the group's threads, and a thread still freeing
+        # its last broadcast's tensors waits for the GIL: CI hung so (the main thread in `~ProcessGroupGloo`'s join,
+        # a worker in `~AsyncBroadcastWork`). The wrappers, whose reducers hold the group, go first, and the sleep
+        # lets the workers take the GIL and finish.
+        plain = wrapper = None
+        gc.collect()
+        time.sleep(0.1)
         dist.destroy_process_group()
 
 
