@@ -20,13 +20,20 @@ are exact, so each runs ``--key-rounds`` times (1), and its time is one sample.
 The keys' time together is measured where it can be told from the noise: every key off and ``use_compile=True`` taking
 turns in one process (``--paired-rounds``, 16), compared round by round and by each path's lowest.
 
-Lightning's own paths run with the package removed (``lightning_compile_patch.remove()``; ``harness`` imports it):
-applied, it also compiles a compiled model passed in without ``use_compile`` again after the wrap, with the features of
-its ``INPUT_DEFAULTS``. Each result records whether the patch was applied as its steps ran.
+And where that time goes, sampled: where ``py-spy`` is installed (``pip install py-spy``), ``use_compile=True`` and
+every key off each run ``--sampled-steps`` steps (4,000) in a fresh process under ``py-spy record`` (2,000 samples a
+second, each pausing the process), and each steady sample (in the training loop, outside Dynamo's compile) whose
+innermost frame is the package's counts for the file it is in: a feature's module is its key, ``_run.py`` the seam.
+Samples are shares of the same steps, so the machine's load cancels. The C++ guard check of the compiled step, run as
+the innermost wrapper calls it, counts for that wrapper (the seam's with every key off, ``summary``'s with the
+defaults): the difference between the two runs is the keys' own share, guards included.
 """
 
 import argparse
+import collections
 import json
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,6 +95,11 @@ class _Calls:
 
     def off(self) -> None:
         sys.setprofile(None)
+
+
+class _NoCalls(_Calls):
+    def on(self) -> None:
+        pass
 
 
 def _plain_loop(compiled: bool, steps: int, calls: _Calls) -> list[float]:
@@ -166,13 +178,16 @@ def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int, cal
     return [b - a for a, b in zip(starts.at[: steps + 1], starts.at[1 : steps + 1], strict=False)]
 
 
-def run_one(name: str, steps: int) -> dict[str, Any]:
-    """In this process: ``steps`` steps of the path; the p10 and median of those after the first 5, in µs."""
+def run_one(name: str, steps: int, count_calls: bool = True) -> dict[str, Any]:
+    """In this process: ``steps`` steps of the path; the p10 and median of those after the first 5, in µs.
+
+    ``count_calls=False``: no steps with a profile function after them (a sampled run counts every step's samples).
+    """
     import torch
 
     torch.set_num_threads(1)
     use_compile = paths()[name]
-    calls = _Calls()
+    calls = _Calls() if count_calls else _NoCalls()
     if name.startswith("plain loop"):
         times = _plain_loop("compile" in name, steps, calls)
     else:
@@ -214,6 +229,42 @@ def run_paired(steps: int, rounds: int) -> list[list[float]]:
     return pairs
 
 
+#: The paths whose samples `run_sampled` counts: the keys' own share is the difference between them.
+SAMPLED = ("`use_compile=True`", "`use_compile`, every own key off")
+_PACKAGE_FILE = re.compile(r"lightning_compile_patch/(?:compile_features/)?(\w+)\.py:\d+\)$")
+
+
+def sampled_shares(raw: str) -> dict[str, float]:
+    """The share of a run's steady samples (``py-spy``'s raw format) whose innermost frame is in each package file.
+
+    Steady: in Lightning's training loop, and not in Dynamo's compile (``convert_frame``). The total is ``"steps"``.
+    """
+    counts: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if "loops/training_epoch_loop.py" not in stack or "torch/_dynamo/convert_frame.py" in stack:
+            continue
+        total += int(n)
+        found = _PACKAGE_FILE.search(stack.rsplit(";", 1)[-1])
+        if found:
+            counts[found.group(1)] += int(n)
+    return {"steps": float(total), **{name: n / total for name, n in counts.items()}} if total else {}
+
+
+def run_sampled(name: str, steps: int, workdir: Path) -> Optional[dict[str, float]]:
+    """``steps`` steps of the path in a fresh process under ``py-spy record``; `sampled_shares`, or ``None``."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))  # a venv's own
+    if spy is None:
+        return None
+    raw, result = workdir / "samples.txt", workdir / "sampled.json"
+    command = [spy, "record", "--rate", "2000", "--format", "raw", "--output", str(raw), "--"]
+    command += [sys.executable, __file__, "--run", name, "--steps", str(steps), "--result", str(result), "--sampled"]
+    env = {**_env(), "TORCHINDUCTOR_CACHE_DIR": str(workdir / "sampled")}
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return sampled_shares(raw.read_text())
+
+
 def markdown(data: dict[str, Any]) -> str:
     medians, calls = data["p10_us"], data["calls"]
     stock, plain = medians["Lightning, eager"], medians["plain loop, `torch.compile`"]
@@ -251,6 +302,31 @@ def markdown(data: dict[str, Any]) -> str:
             " size):",
             markdown_table(("key", "Python calls per step"), keys),
             _paired_markdown(data, stock - medians["plain loop, eager"]),
+            _sampled_markdown(data, stock - medians["plain loop, eager"]),
+        ]
+    )
+
+
+def _sampled_markdown(data: dict[str, Any], loop_us: float) -> str:
+    sampled = data.get("sampled") or {}
+    if not all(sampled.get(name) for name in SAMPLED):
+        return "Where the time goes, sampled: not measured (`pip install py-spy` to measure it)."
+    ours, off = (sampled[name] for name in SAMPLED)
+    step = data["p10_us"][SAMPLED[0]]
+    files = sorted({*ours, *off} - {"steps"}, key=lambda name: -ours.get(name, 0.0))
+    rows = [[f"`{name}.py`", *(fmt(100 * run.get(name, 0.0), ".2f", "%") for run in (ours, off))] for name in files]
+    own = sum(v for k, v in ours.items() if k != "steps") - sum(v for k, v in off.items() if k != "steps")
+    return "\n\n".join(
+        [
+            f"Where the time goes, sampled (`py-spy`, 2,000 samples a second, {data['sampled_steps']} steps of each"
+            f" path in a fresh process; {fmt(ours['steps'], '.0f')} and {fmt(off['steps'], '.0f')} steady samples):"
+            " the share of the steady samples whose innermost frame is in each of the package's files. The compiled"
+            " step's guard check counts for the innermost wrapper that calls it (`summary.py` with the defaults,"
+            " `_run.py`, the seam, with every key off):",
+            markdown_table(("file", "`use_compile=True`", "every own key off"), rows),
+            f"The keys' own share, guards included: {fmt(100 * own, '.2f')}% of a step, {fmt(own * step, '+.0f')} µs"
+            f" at the table's `use_compile=True` step, {fmt(100 * own * step / loop_us, '.1f')}% of what Lightning's"
+            " loop adds to the plain eager loop.",
         ]
     )
 
@@ -292,18 +368,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--key-rounds", type=int, default=1)
     parser.add_argument("--paired-rounds", type=int, default=16)
     parser.add_argument("--steps", type=int, default=225)
+    parser.add_argument("--sampled-steps", type=int, default=4000)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--run-paired", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sampled", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run:
-        args.result.write_text(json.dumps(run_one(args.run, args.steps)))
+        args.result.write_text(json.dumps(run_one(args.run, args.steps, count_calls=not args.sampled)))
         return 0
     if args.run_paired:
         args.result.write_text(json.dumps(run_paired(args.steps, args.paired_rounds)))
         return 0
     rounds = {"rounds": args.rounds, "key_rounds": args.key_rounds, "paired_rounds": args.paired_rounds}
+    rounds["sampled_steps"] = args.sampled_steps
     data = new_report("host_cost", argv, **rounds, steps=args.steps, threads=1)
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in paths()}
     with tempfile.TemporaryDirectory() as workdir:
@@ -325,9 +404,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         subprocess.run(command, check=True, env={**_env(), "TORCHINDUCTOR_CACHE_DIR": str(Path(workdir) / "paired")})
         paired = json.loads(result.read_text())
         print(f"paired: {paired}", flush=True)
+        sampled = {name: run_sampled(name, args.sampled_steps, Path(workdir)) for name in SAMPLED}
+        print(f"sampled: {sampled}", flush=True)
     p10 = {name: min(s["p10_us"] for s in values) for name, values in samples.items()}  # load only adds time
     calls = {name: statistics.median(s["calls"] for s in values) for name, values in samples.items()}
-    data.update(samples=samples, p10_us=p10, calls=calls, paired_us=paired)
+    data.update(samples=samples, p10_us=p10, calls=calls, paired_us=paired, sampled=sampled)
     write_report(args.out, data, markdown(data))
     print(markdown(data))
     return 0

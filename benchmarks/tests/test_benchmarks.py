@@ -190,7 +190,7 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_and_host_cost_tables_from_
     calls = dict.fromkeys(host_cost.paths(), 1000.0)
     calls.update({"plain loop, eager": 100.0, "Lightning, eager": 1100.0, "`use_compile=True`": 1030.0})
     calls.update({"`use_compile`, only `summary` on": 1010.0})
-    report = host_cost.new_report("host_cost", [], rounds=1, key_rounds=1, steps=9)
+    report = host_cost.new_report("host_cost", [], rounds=1, key_rounds=1, steps=9, sampled_steps=9)
     paired = [[900.0, 810.0, 818.1], [850.0, 800.0, 840.0], [800.0, 820.0, 820.0]]  # keys: 1.01, 1.05, 1.00
     text = host_cost.markdown({**report, "p10_us": p10, "calls": calls, "paired_us": paired})
     assert "| `use_compile=True` | 850 | 0.85x | 1030 |" in text
@@ -201,6 +201,28 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_and_host_cost_tables_from_
     assert "| `use_compile=True` / every own key off | 1.010 (1.000 to 1.050) | 1.023 |" in text
     assert "| `use_compile=True` / Lightning's own `fit(torch.compile(m))` | 0.988 (0.909 to 1.025) | 1.023 |" in text
     assert "every key off, +8 µs per step, 1.0% of what Lightning's loop adds" in text
+    assert "Where the time goes, sampled: not measured (`pip install py-spy` to measure it)." in text
+
+    loop = "run (site-packages/lightning/pytorch/loops/training_epoch_loop.py:153)"
+    summary = "call (src/lightning_compile_patch/compile_features/summary.py:417)"
+    seam = "step (src/lightning_compile_patch/compile_features/_run.py:133)"
+    compiling = "_compile (torch/_dynamo/convert_frame.py:1200)"
+    raw = "\n".join(
+        [
+            f"main (x.py:1);{loop};{summary} 2",  # the package's own frame, innermost: counted for its file
+            f"main (x.py:1);{loop};{summary};{seam};step (torch/optim/sgd.py:9) 6",  # torch's, innermost
+            f"main (x.py:1);{loop};{seam};{compiling};{summary} 5",  # compiling: not a steady sample
+            f"main (x.py:1);{summary} 7",  # outside the training loop
+            f"main (x.py:1);{loop};{seam} 2",
+        ]
+    )
+    assert host_cost.sampled_shares(raw) == {"steps": 10.0, "summary": 0.2, "_run": 0.2}
+    sampled = {"`use_compile=True`": {"steps": 1000.0, "summary": 0.02, "_run": 0.005}}
+    sampled["`use_compile`, every own key off"] = {"steps": 900.0, "_run": 0.01}
+    text = host_cost.markdown({**report, "p10_us": p10, "calls": calls, "paired_us": paired, "sampled": sampled})
+    assert "| `summary.py` | 2.00% | 0.00% |\n| `_run.py` | 0.50% | 1.00% |" in text
+    assert "The keys' own share, guards included: 1.50% of a step, +13 µs at the table's" in text
+    assert "1.6% of what Lightning's loop adds to the plain eager loop." in text
 
 
 @pytest.mark.slow
