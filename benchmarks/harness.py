@@ -522,7 +522,7 @@ def write_report(out_dir: Path, data: dict[str, Any], markdown: str) -> None:
 #: The reports ``docs/benchmarks.md`` embeds, in this order, when they exist (``summary.md`` is written by hand).
 INDEX_ORDER = ("summary", "cuda", "regions_gpu_probe", "cpu", "regions_depth", "regions_depth_torch291", "regions_hf")
 INDEX_ORDER += ("optimize_ddp", "compiled_autograd")
-INDEX_ORDER += ("zero_cost", "host_cost")
+INDEX_ORDER += ("zero_cost", "host_cost", "guard_check")
 INDEX_MARK = "<!-- Everything below is generated from docs/benchmarks/*.md by benchmarks/harness.py. -->"
 
 

@@ -46,6 +46,8 @@ from typing import Any, Optional
 from harness import RESULTS_DIR, fmt, markdown_table, new_report, ratio, report_header, write_report
 
 WIDTH, BATCH = 64, 8
+#: Layers of the MLP before its last ``Linear`` (a ``Linear`` and a ``ReLU`` each); ``guard_check.py`` sets more.
+DEPTH = 1
 
 
 def _keys_off() -> dict[str, Any]:
@@ -73,7 +75,8 @@ def paths() -> dict[str, Optional[dict[str, Any]]]:
 def _model() -> Any:
     import torch
 
-    return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1))
+    layers = [layer for _ in range(DEPTH) for layer in (torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU())]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 1))
 
 
 #: Steps after the timed ones whose Python function calls are counted (a profile function slows them: not timed).
@@ -123,7 +126,9 @@ def _plain_loop(compiled: bool, steps: int, calls: _Calls) -> list[float]:
     return times[:steps]
 
 
-def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int, calls: _Calls) -> list[float]:
+def _lightning(
+    name: str, use_compile: Optional[dict[str, Any]], steps: int, calls: _Calls, callbacks: Sequence[Any] = ()
+) -> list[float]:
     import torch
 
     import lightning_compile_patch  # imported with `harness` already
@@ -168,7 +173,7 @@ def _lightning(name: str, use_compile: Optional[dict[str, Any]], steps: int, cal
         devices=1,
         max_steps=steps + 1 + COUNTED_STEPS,
         **({} if use_compile is None else {"use_compile": use_compile or True}),
-        callbacks=[starts],
+        callbacks=[starts, *callbacks],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -225,6 +225,20 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_and_host_cost_tables_from_
     assert "1.6% of what Lightning's loop adds to the plain eager loop." in text
 
 
+def test_guard_check_table_from_known_numbers():
+    """What ``in_parts`` adds to the guard check per module it compiles: every ``Linear``, against every key off."""
+    guard_check = benchmark_script("guard_check")
+    names = list(guard_check.PATHS)
+    data = guard_check.new_report("guard_check", [], checks=9)
+    one, ten = (2.0, 2.0, 3.0, 3.2), (5.0, 5.1, 7.3, 7.5)
+    data["guard_us"] = {"1": dict(zip(names, one, strict=True)), "10": dict(zip(names, ten, strict=True))}
+    text = guard_check.markdown(data)
+    assert "| 1 | 2 | 2.00 | 2.00 | 3.00 | 3.20 | +0.50 |" in text
+    assert "| 10 | 11 | 5.00 | 5.10 | 7.30 | 7.50 | +0.20 |" in text
+    assert names[1] == "`use_compile`, every own key off"
+    assert names[2] == "`use_compile`, only `in_parts` on"
+
+
 @pytest.mark.slow
 def test_gpu_probe_runs_the_session_designs_on_cpu_with_the_same_loss(tmp_path):
     """The probe ``gpu_session.sh`` runs, on CPU with ``aot_eager``: the regional design trains to the whole's loss."""
