@@ -236,6 +236,8 @@ def run_paired(steps: int, rounds: int) -> list[list[float]]:
 
 #: The paths whose samples `run_sampled` counts: the keys' own share is the difference between them.
 SAMPLED = ("`use_compile=True`", "`use_compile`, every own key off")
+#: The training loop's ``run`` in a raw stack (its module's import is not in it).
+_IN_LOOP = re.compile(r"(?:^|;)(?:\w+\.)?run \([^;]*loops/training_epoch_loop\.py:\d+\)")
 _PACKAGE_FILE = re.compile(r"lightning_compile_patch/(?:compile_features/)?(\w+)\.py:\d+\)$")
 
 
@@ -248,7 +250,7 @@ def sampled_shares(raw: str) -> dict[str, float]:
     total = 0
     for line in raw.splitlines():
         stack, _, n = line.rpartition(" ")
-        if "loops/training_epoch_loop.py" not in stack or "torch/_dynamo/convert_frame.py" in stack:
+        if not _IN_LOOP.search(stack) or "torch/_dynamo/convert_frame.py" in stack:
             continue
         total += int(n)
         found = _PACKAGE_FILE.search(stack.rsplit(";", 1)[-1])
@@ -266,7 +268,10 @@ def run_sampled(name: str, steps: int, workdir: Path) -> Optional[dict[str, floa
     command = [spy, "record", "--rate", "2000", "--format", "raw", "--output", str(raw), "--"]
     command += [sys.executable, __file__, "--run", name, "--steps", str(steps), "--result", str(result), "--sampled"]
     env = {**_env(), "TORCHINDUCTOR_CACHE_DIR": str(workdir / "sampled")}
-    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0 or not raw.exists() or not result.exists():  # py-spy may not attach; the run may fail
+        print(f"py-spy could not sample {name}: {done.stderr.strip()[-500:]}", file=sys.stderr, flush=True)
+        return None
     return sampled_shares(raw.read_text())
 
 
@@ -315,7 +320,7 @@ def markdown(data: dict[str, Any]) -> str:
 def _sampled_markdown(data: dict[str, Any], loop_us: float) -> str:
     sampled = data.get("sampled") or {}
     if not all(sampled.get(name) for name in SAMPLED):
-        return "Where the time goes, sampled: not measured (`pip install py-spy` to measure it)."
+        return "Where the time goes, sampled: not measured (`pip install py-spy` to measure it, where it can attach)."
     ours, off = (sampled[name] for name in SAMPLED)
     step = data["p10_us"][SAMPLED[0]]
     files = sorted({*ours, *off} - {"steps"}, key=lambda name: -ours.get(name, 0.0))

@@ -201,9 +201,9 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_and_host_cost_tables_from_
     assert "| `use_compile=True` / every own key off | 1.010 (1.000 to 1.050) | 1.023 |" in text
     assert "| `use_compile=True` / Lightning's own `fit(torch.compile(m))` | 0.988 (0.909 to 1.025) | 1.023 |" in text
     assert "every key off, +8 µs per step, 1.0% of what Lightning's loop adds" in text
-    assert "Where the time goes, sampled: not measured (`pip install py-spy` to measure it)." in text
+    assert "sampled: not measured (`pip install py-spy` to measure it, where it can attach)." in text
 
-    loop = "run (site-packages/lightning/pytorch/loops/training_epoch_loop.py:153)"
+    loop = "_TrainingEpochLoop.run (site-packages/lightning/pytorch/loops/training_epoch_loop.py:153)"
     summary = "call (src/lightning_compile_patch/compile_features/summary.py:417)"
     seam = "step (src/lightning_compile_patch/compile_features/_run.py:133)"
     compiling = "_compile (torch/_dynamo/convert_frame.py:1200)"
@@ -213,6 +213,7 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_and_host_cost_tables_from_
             f"main (x.py:1);{loop};{summary};{seam};step (torch/optim/sgd.py:9) 6",  # torch's, innermost
             f"main (x.py:1);{loop};{seam};{compiling};{summary} 5",  # compiling: not a steady sample
             f"main (x.py:1);{summary} 7",  # outside the training loop
+            "<module> (site-packages/lightning/pytorch/loops/training_epoch_loop.py:1) 3",  # its import: not the loop
             f"main (x.py:1);{loop};{seam} 2",
         ]
     )
