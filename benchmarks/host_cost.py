@@ -22,11 +22,15 @@ turns in one process (``--paired-rounds``, 16), compared round by round and by e
 
 And where that time goes, sampled: where ``py-spy`` is installed (``pip install py-spy``), ``use_compile=True`` and
 every key off each run ``--sampled-steps`` steps (4,000) in a fresh process under ``py-spy record`` (2,000 samples a
-second, each pausing the process), and each steady sample (in the training loop, outside Dynamo's compile) whose
+second, each pausing the process), and each steady sample (in the training loop, not compiling) whose
 innermost frame is the package's counts for the file it is in: a feature's module is its key, ``_run.py`` the seam.
 Samples are shares of the same steps, so the machine's load cancels. The C++ guard check of the compiled step, run as
 the innermost wrapper calls it, counts for that wrapper (the seam's with every key off, ``summary``'s with the
 defaults): the difference between the two runs is the keys' own share, guards included.
+
+Lightning's own paths run with the package removed (``lightning_compile_patch.remove()``; ``harness`` imports it):
+applied, it also compiles a compiled model passed in without ``use_compile`` again after the wrap, with the features of
+its ``INPUT_DEFAULTS``. Each result records whether the patch was applied as its steps ran.
 """
 
 import argparse
@@ -238,19 +242,22 @@ def run_paired(steps: int, rounds: int) -> list[list[float]]:
 SAMPLED = ("`use_compile=True`", "`use_compile`, every own key off")
 #: The training loop's ``run`` in a raw stack (its module's import is not in it).
 _IN_LOOP = re.compile(r"(?:^|;)(?:\w+\.)?run \([^;]*loops/training_epoch_loop\.py:\d+\)")
+#: Compiling, not a steady step: Dynamo's frame conversion, and inductor's compile (a backward can compile lazily, in
+#: the first step's backward, outside Dynamo's frame).
+_COMPILING = ("torch/_dynamo/convert_frame.py", "torch/_inductor/compile_fx.py")
 _PACKAGE_FILE = re.compile(r"lightning_compile_patch/(?:compile_features/)?(\w+)\.py:\d+\)$")
 
 
 def sampled_shares(raw: str) -> dict[str, float]:
     """The share of a run's steady samples (``py-spy``'s raw format) whose innermost frame is in each package file.
 
-    Steady: in Lightning's training loop, and not in Dynamo's compile (``convert_frame``). The total is ``"steps"``.
+    Steady: in Lightning's training loop, and not compiling (`_COMPILING`). The total is ``"steps"``.
     """
     counts: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.splitlines():
         stack, _, n = line.rpartition(" ")
-        if not _IN_LOOP.search(stack) or "torch/_dynamo/convert_frame.py" in stack:
+        if not _IN_LOOP.search(stack) or any(compiling in stack for compiling in _COMPILING):
             continue
         total += int(n)
         found = _PACKAGE_FILE.search(stack.rsplit(";", 1)[-1])

@@ -212,6 +212,7 @@ def test_optimize_ddp_and_regions_depth_and_zero_cost_and_host_cost_tables_from_
             f"main (x.py:1);{loop};{summary} 2",  # the package's own frame, innermost: counted for its file
             f"main (x.py:1);{loop};{summary};{seam};step (torch/optim/sgd.py:9) 6",  # torch's, innermost
             f"main (x.py:1);{loop};{seam};{compiling};{summary} 5",  # compiling: not a steady sample
+            f"main (x.py:1);{loop};backward (x.py:2);compile_fx (torch/_inductor/compile_fx.py:9) 4",  # a lazy backward
             f"main (x.py:1);{summary} 7",  # outside the training loop
             "<module> (site-packages/lightning/pytorch/loops/training_epoch_loop.py:1) 3",  # its import: not the loop
             f"main (x.py:1);{loop};{seam} 2",
